@@ -1,0 +1,478 @@
+"""Pretraining data: documents, tokens, BERT pairs, masking, packing and collators."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from egbert.errors import DataError
+from egbert.pretrain import data
+from egbert.tokenizer import load_tokenizer
+
+CLS, SEP, PAD, MASK = 1, 2, 0, 3
+SPECIALS = (PAD, CLS, SEP, MASK)
+VOCAB = 1000
+# Plain data tests, not slow ones: hypothesis should not flag datasets' per-call overhead.
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_datasets_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Arrow files written by these tests go to a temporary folder, not the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path_factory.mktemp("hf-cache"))
+        yield
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_tokenizer_dir: Path):
+    return load_tokenizer(tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def wiki_tokenized(wikitext_slice: Path, tokenizer) -> Dataset:
+    docs = data.read_documents([wikitext_slice], doc_boundary="wikitext")
+    return data.tokenize_documents(docs, tokenizer)
+
+
+def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
+    path.write_text(text, encoding=encoding)
+    return path
+
+
+# ---------------------------------------------------------------- documents
+
+
+def test_wikitext_articles_start_at_titles_and_drop_headings(wikitext_slice: Path):
+    lines = wikitext_slice.read_text(encoding="utf-8").split("\n")
+    titles = [
+        line.strip()
+        for before, line, after in zip(lines, lines[1:], lines[2:], strict=False)
+        if re.fullmatch(r" = [^=].* = ", line) and not before.strip() and not after.strip()
+    ]
+    docs = data.read_documents([wikitext_slice], doc_boundary="wikitext")
+    assert len(docs) == len(titles) > 5
+    assert docs[0]["text"].startswith("Senjō no Valkyria 3 : <unk> Chronicles")
+    for text in docs["text"]:
+        assert not re.search(r"^= = .* = =$", text, flags=re.M), "section headings are dropped"
+        assert "\n\n" not in text and text == text.strip()
+
+
+def test_blank_line_and_file_boundaries(tmp_path: Path):
+    corpus = write(tmp_path / "c.txt", "a one.\na two.\n\n\nb one.\n  \nc one.\n")
+    blank = data.read_documents([corpus], doc_boundary="blank")
+    assert blank["text"] == ["a one.\na two.", "b one.", "c one."]
+    assert data.read_documents([corpus], doc_boundary="line")["text"] == [
+        "a one.",
+        "a two.",
+        "b one.",
+        "c one.",
+    ]
+    whole = data.read_documents([corpus, corpus], doc_boundary="file")
+    assert whole["text"] == ["a one.\na two.\nb one.\nc one."] * 2
+    streamed = data.read_documents([corpus], doc_boundary="blank", streaming=True)
+    assert [row["text"] for row in streamed] == blank["text"]
+
+
+def test_an_edited_file_is_read_again_not_taken_from_the_cache(tmp_path: Path):
+    corpus = write(tmp_path / "c.txt", "first text.\n")
+    assert data.read_documents([corpus])["text"] == ["first text."]
+    write(corpus, "second text, longer.\n")
+    assert data.read_documents([corpus])["text"] == ["second text, longer."]
+
+
+def test_latin1_book_names_file_and_offset_then_loads_with_its_encoding(data_dir: Path):
+    book = data_dir / "corpus" / "gutenberg" / "chesterton-ball.txt"
+    with pytest.raises(DataError) as error:
+        data.read_documents([book])
+    message = str(error.value)
+    for expected in ("chesterton-ball.txt", "0xe8", "offset 229333", "encoding"):
+        assert expected in message
+    docs = data.read_documents([book], encoding="latin-1")
+    assert len(docs) > 100 and any("è" in text for text in docs["text"])
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n\n"])
+def test_a_file_without_text_is_an_error_naming_it(tmp_path: Path, text: str):
+    empty = write(tmp_path / "empty.txt", text)
+    with pytest.raises(DataError, match="empty.txt"):
+        data.read_documents([write(tmp_path / "ok.txt", "some text.\n"), empty])
+
+
+def test_a_missing_file_is_an_error_naming_it(tmp_path: Path):
+    with pytest.raises(DataError, match="nope.txt: no such file"):
+        data.read_documents([tmp_path / "nope.txt"])
+
+
+def test_hub_offline_fails_fast_and_clearly():
+    assert os.environ.get("HF_DATASETS_OFFLINE") == "1"
+    start = time.perf_counter()
+    with pytest.raises(DataError, match=r"could not reach the hub .*offline.*local text files"):
+        data.load_hub_documents("egbert-tests/no-such-corpus")
+    assert time.perf_counter() - start < 5
+
+
+def test_hub_loader_accepts_a_local_data_set_folder(tmp_path: Path):
+    write(tmp_path / "part.txt", "one line.\n\nanother line.\n")
+    docs = data.load_hub_documents(str(tmp_path))
+    assert docs["text"] == ["one line.", "another line."]
+    with pytest.raises(DataError, match="no column 'body'"):
+        data.load_hub_documents(str(tmp_path), text_column="body")
+
+
+# ---------------------------------------------------------------- tokens
+
+
+def test_tokenize_documents_splits_sentences_without_special_tokens(tmp_path: Path, tokenizer):
+    corpus = write(
+        tmp_path / "c.txt", "The cat sat . The dog ran !\nA bird flew .\n\nOther doc .\n"
+    )
+    docs = data.read_documents([corpus])
+    tokenized = data.tokenize_documents(docs, tokenizer)
+    expected = [["The cat sat .", "The dog ran !", "A bird flew ."], ["Other doc ."]]
+    for document, sentences in zip(tokenized["input_ids"], expected, strict=True):
+        assert document == [tokenizer.encode(s, add_special_tokens=False) for s in sentences]
+    whole = data.tokenize_documents(docs, tokenizer, split_sentences=False)
+    assert [sum(doc, []) for doc in whole["input_ids"]] == [
+        sum(doc, []) for doc in tokenized["input_ids"]
+    ]
+    assert all(len(doc) == 1 for doc in whole["input_ids"])
+
+
+def test_streaming_pipeline_matches_the_cached_one(wikitext_slice: Path, tokenizer):
+    def blocks(streaming: bool) -> list[list[int]]:
+        docs = data.read_documents([wikitext_slice], doc_boundary="wikitext", streaming=streaming)
+        tokenized = data.tokenize_documents(docs, tokenizer, split_sentences=False)
+        return [row["input_ids"] for row in data.pack_blocks(tokenized, 128, 5)]
+
+    assert blocks(streaming=True) == blocks(streaming=False)
+
+
+# ---------------------------------------------------------------- NSP pairs
+
+
+def numbered_documents(sentence_lengths: list[list[int]]) -> tuple[Dataset, dict[int, tuple]]:
+    """Documents whose every token id is unique, with a map id -> (document, position)."""
+    where, documents, next_id = {}, [], 10
+    for doc_index, lengths in enumerate(sentence_lengths):
+        document, position = [], 0
+        for length in lengths:
+            document.append(list(range(next_id, next_id + length)))
+            for token in document[-1]:
+                where[token] = (doc_index, position)
+                position += 1
+            next_id += length
+        documents.append(document)
+    return Dataset.from_dict({"input_ids": documents}), where
+
+
+def segments(example: dict) -> tuple[list[int], list[int]]:
+    ids = example["input_ids"]
+    first_sep = ids.index(SEP)
+    return ids[1:first_sep], ids[first_sep + 1 : -1]
+
+
+documents_strategy = st.lists(
+    st.lists(st.integers(1, 30), min_size=1, max_size=12), min_size=2, max_size=8
+)
+
+
+@FAST
+@given(documents_strategy, st.integers(8, 64), st.integers(0, 2**16))
+def test_nsp_pairs_are_well_formed(sentence_lengths, max_seq_length, seed):
+    docs, where = numbered_documents(sentence_lengths)
+    pairs = data.build_nsp_examples(
+        docs, max_seq_length, cls_id=CLS, sep_id=SEP, seed=seed, dupe_factor=2
+    )
+    assert len(pairs) > 0
+    for example in pairs:
+        ids, types = example["input_ids"], example["token_type_ids"]
+        assert len(ids) <= max_seq_length and len(types) == len(ids)
+        assert ids[0] == CLS and ids[-1] == SEP and ids.count(SEP) == 2 and ids.count(CLS) == 1
+        tokens_a, tokens_b = segments(example)
+        assert tokens_a and tokens_b
+        assert types == [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+        # Each segment is a contiguous run of one document (truncation only trims its ends).
+        for segment in (tokens_a, tokens_b):
+            places = [where[token] for token in segment]
+            assert len({doc for doc, _ in places}) == 1
+            assert [pos for _, pos in places] == list(range(places[0][1], places[-1][1] + 1))
+        doc_a, end_a = where[tokens_a[-1]]
+        doc_b, start_b = where[tokens_b[0]]
+        if example["next_sentence_label"] == 0:
+            assert doc_a == doc_b and start_b > end_a
+        else:
+            assert doc_a != doc_b
+
+
+def test_nsp_pairs_on_wikitext_are_balanced_and_within_the_limit(wiki_tokenized, tokenizer):
+    def build(short_seq_prob: float) -> tuple[np.ndarray, np.ndarray]:
+        pairs = data.build_nsp_examples(
+            wiki_tokenized,
+            64,
+            cls_id=tokenizer.cls_token_id,
+            sep_id=tokenizer.sep_token_id,
+            short_seq_prob=short_seq_prob,
+            seed=3,
+        )
+        lengths = np.array([len(ids) for ids in pairs["input_ids"]])
+        return np.array(pairs["next_sentence_label"]), lengths
+
+    labels, lengths = build(short_seq_prob=0.1)
+    assert len(labels) > 2000
+    assert abs(labels.mean() - 0.5) < 0.04  # the binomial's sd here is about 0.008
+    assert lengths.max() <= 64
+    # About one pair in ten is deliberately short (documents' ends make a few more).
+    _, full_lengths = build(short_seq_prob=0.0)
+    assert 0.05 < (full_lengths == 64).mean() - (lengths == 64).mean() < 0.15
+
+
+def test_nsp_pairs_do_not_depend_on_the_number_of_processes():
+    docs, _ = numbered_documents([[5, 9, 3, 12, 7] * 3] * 40)
+    build = {"max_seq_length": 32, "cls_id": CLS, "sep_id": SEP, "seed": 1}
+    datasets.disable_caching()  # so the second map really runs, in two processes
+    try:
+        one = data.build_nsp_examples(docs, **build)
+        two = data.build_nsp_examples(docs, num_proc=2, **build)
+    finally:
+        datasets.enable_caching()
+    assert one["input_ids"] == two["input_ids"]
+    assert one["next_sentence_label"] == two["next_sentence_label"]
+
+
+def test_streaming_nsp_pairs_are_well_formed():
+    docs, where = numbered_documents([[4, 6, 5, 8]] * 30)
+    pairs = list(
+        data.build_nsp_examples(docs.to_iterable_dataset(), 24, cls_id=CLS, sep_id=SEP, seed=0)
+    )
+    assert 0.3 < np.mean([pair["next_sentence_label"] for pair in pairs]) < 0.7
+    for pair in pairs:
+        tokens_a, tokens_b = segments(pair)
+        assert len(pair["input_ids"]) <= 24 and tokens_a and tokens_b
+        doc_a, doc_b = where[tokens_a[0]][0], where[tokens_b[0]][0]
+        if pair["next_sentence_label"] == 0:
+            assert doc_a == doc_b
+        elif doc_a > 0:  # the first document has no other one to draw from yet
+            assert doc_a != doc_b
+
+
+# ---------------------------------------------------------------- masking
+
+
+def sequences_with_specials(draw_lengths: list[tuple[int, int]], rng) -> np.ndarray:
+    """[CLS] A [SEP] B [SEP] [PAD]... rows of random non-special tokens."""
+    width = max(a + b for a, b in draw_lengths) + 3
+    rows = np.full((len(draw_lengths), width), PAD)
+    for row, (a, b) in zip(rows, draw_lengths, strict=True):
+        body = rng.integers(len(SPECIALS), VOCAB, size=a + b)
+        sequence = [CLS, *body[:a], SEP, *body[a:], SEP]
+        row[: len(sequence)] = sequence
+    return rows
+
+
+def mask(ids, rng, **options):
+    return data.mask_tokens_for_mlm(
+        ids, special_ids=SPECIALS, mask_id=MASK, vocab_size=VOCAB, rng=rng, **options
+    )
+
+
+@FAST
+@given(
+    st.lists(st.tuples(st.integers(1, 60), st.integers(0, 60)), min_size=1, max_size=8),
+    st.floats(0.05, 0.5),
+    st.one_of(st.none(), st.integers(1, 20)),
+    st.integers(0, 2**32 - 1),
+)
+def test_masking_invariants(lengths, probability, max_predictions, seed):
+    ids = sequences_with_specials(lengths, np.random.default_rng(seed))
+    masked, labels = mask(
+        ids,
+        np.random.default_rng(seed),
+        mlm_probability=probability,
+        max_predictions=max_predictions,
+    )
+    masked, labels = masked.numpy(), labels.numpy()
+    special = np.isin(ids, SPECIALS)
+    chosen = labels != -100
+    for row in range(len(ids)):
+        n_real = int((~special[row]).sum())
+        expected = max(1, round(probability * n_real))
+        if max_predictions is not None:
+            expected = min(expected, max_predictions)
+        assert chosen[row].sum() == expected
+    assert not (chosen & special).any(), "special tokens are never chosen"
+    assert (labels[chosen] == ids[chosen]).all()
+    assert (masked[~chosen] == ids[~chosen]).all(), "only chosen positions change"
+    assert not np.isin(masked[chosen & (masked != MASK)], SPECIALS).any()
+    again, again_labels = mask(
+        ids,
+        np.random.default_rng(seed),
+        mlm_probability=probability,
+        max_predictions=max_predictions,
+    )
+    assert (again.numpy() == masked).all() and (again_labels.numpy() == labels).all()
+
+
+def test_masking_replaces_80_percent_randomizes_10_keeps_10():
+    rng = np.random.default_rng(0)
+    ids = sequences_with_specials([(60, 60)] * 2000, rng)
+    masked, labels = mask(ids, rng)
+    chosen = labels.numpy() != -100
+    masked, original = masked.numpy()[chosen], ids[chosen]
+    assert chosen.sum() == 2000 * 18  # round(0.15 * 120) per sequence
+    as_mask = (masked == MASK).mean()
+    kept = (masked == original).mean()
+    randomized = ((masked != MASK) & (masked != original)).mean()
+    # 36,000 draws: a binomial sd of at most 0.0027, so these bounds are about 4 sd.
+    assert abs(as_mask - 0.8) < 0.01
+    assert abs(kept - 0.1) < 0.01
+    assert abs(randomized - 0.1) < 0.01
+
+
+@FAST
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=30), st.integers(0, 2**32 - 1))
+def test_whole_word_masking_keeps_words_together(word_lengths, seed):
+    # ids 4..99 start words, 100..999 continue them ("##" pieces)
+    continuation = np.arange(VOCAB) >= 100
+    rng = np.random.default_rng(seed)
+    body = [
+        rng.integers(4, 100) if piece == 0 else rng.integers(100, VOCAB)
+        for length in word_lengths
+        for piece in range(length)
+    ]
+    ids = np.array([CLS, *body, SEP])
+    _, labels = mask(ids, rng, mlm_probability=0.3, word_continuation=continuation)
+    chosen = labels.numpy() != -100
+    assert not chosen[0] and not chosen[-1]
+    assert chosen.sum() <= max(1, round(0.3 * len(body)))
+    start = 1
+    for length in word_lengths:
+        word = chosen[start : start + length]
+        assert word.all() or not word.any()
+        start += length
+
+
+# ---------------------------------------------------------------- collators
+
+
+def test_mlm_collator_pads_masks_and_is_reproducible(wiki_tokenized, tokenizer):
+    pairs = data.build_nsp_examples(
+        wiki_tokenized.select(range(5)),
+        48,
+        cls_id=tokenizer.cls_token_id,
+        sep_id=tokenizer.sep_token_id,
+        short_seq_prob=0.5,
+    )
+    examples = [pairs[i] for i in range(8)]
+    collator = data.MLMCollator(tokenizer, seed=7)
+    batch = collator(examples)
+    lengths = [len(example["input_ids"]) for example in examples]
+    assert batch["input_ids"].shape == (8, max(lengths))
+    assert batch["attention_mask"].sum(1).tolist() == lengths
+    padding = batch["attention_mask"] == 0
+    assert (batch["input_ids"][padding] == tokenizer.pad_token_id).all()
+    assert (batch["labels"][padding] == -100).all()
+    assert (batch["token_type_ids"][padding] == 0).all()
+    assert batch["next_sentence_label"].tolist() == [e["next_sentence_label"] for e in examples]
+    special = torch.isin(batch["labels"], torch.tensor(tokenizer.all_special_ids))
+    assert not special.any() and ((batch["labels"] != -100).sum(1) > 0).all()
+    # An example's mask depends on the example, seed and epoch, not on its batch.
+    alone = collator(examples[3:4])
+    assert torch.equal(alone["input_ids"][0], batch["input_ids"][3, : lengths[3]])
+    collator.set_epoch(1)
+    assert not torch.equal(collator(examples)["input_ids"], batch["input_ids"])
+
+
+def test_whole_word_masking_with_a_wordpiece_tokenizer(wiki_tokenized, tokenizer):
+    pairs = data.build_nsp_examples(
+        wiki_tokenized.select(range(5)),
+        64,
+        cls_id=tokenizer.cls_token_id,
+        sep_id=tokenizer.sep_token_id,
+    )
+    batch = data.MLMCollator(tokenizer, whole_word_mask=True)([pairs[i] for i in range(32)])
+    chosen = batch["labels"] != -100
+    pieces = tokenizer.convert_ids_to_tokens(range(len(tokenizer)))
+    continues = torch.tensor([piece.startswith("##") for piece in pieces])
+    original = torch.where(chosen, batch["labels"], batch["input_ids"])
+    special = torch.isin(original, torch.tensor(tokenizer.all_special_ids))
+    # A "##" piece that follows text (truncation can cut a word after [CLS] or [SEP]).
+    inside = continues[original][:, 1:] & ~special[:, :-1]
+    assert (chosen[:, 1:] & inside).sum() > 0
+    # Such a piece is chosen exactly when the piece before it is: words go whole.
+    assert torch.equal(chosen[:, 1:] & inside, chosen[:, :-1] & inside)
+
+
+def test_static_masks_pass_through_the_collator(wiki_tokenized, tokenizer):
+    pairs = data.build_nsp_examples(
+        wiki_tokenized.select(range(3)),
+        32,
+        cls_id=tokenizer.cls_token_id,
+        sep_id=tokenizer.sep_token_id,
+        dupe_factor=2,
+    )
+    masked = data.add_static_masks(pairs, tokenizer, seed=1)
+    for example, original in zip(masked, pairs, strict=True):
+        n_real = np.isin(original["input_ids"], tokenizer.all_special_ids, invert=True).sum()
+        assert (np.array(example["labels"]) != -100).sum() == max(1, round(0.15 * n_real))
+    examples = [masked[i] for i in range(4)]
+    batch = data.MLMCollator(tokenizer)(examples)
+    for row, example in enumerate(examples):
+        n = len(example["labels"])
+        assert batch["labels"][row, :n].tolist() == example["labels"]
+        assert batch["input_ids"][row, :n].tolist() == example["input_ids"]
+
+
+def test_causal_collator_labels_copy_inputs_except_padding(tokenizer):
+    batch = data.CausalLMCollator(tokenizer)([{"input_ids": [7, 8, 9]}, {"input_ids": [5]}])
+    pad = tokenizer.pad_token_id
+    assert batch["input_ids"].tolist() == [[7, 8, 9], [5, pad, pad]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["labels"].tolist() == [[7, 8, 9], [5, -100, -100]]
+
+
+# ---------------------------------------------------------------- packing
+
+
+@FAST
+@given(
+    st.lists(
+        st.lists(st.lists(st.integers(10, 99), min_size=1, max_size=20), min_size=1, max_size=5),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(1, 40),
+)
+def test_packing_loses_and_duplicates_no_token(documents, block_size):
+    eos = 5
+    stream = [token for document in documents for token in [*sum(document, []), eos]]
+    tokenized = Dataset.from_dict({"input_ids": documents})
+    if len(stream) < block_size:
+        with pytest.raises(DataError, match=f"less than one block of {block_size}"):
+            data.pack_blocks(tokenized, block_size, eos)
+        return
+    blocks = data.pack_blocks(tokenized, block_size, eos)["input_ids"]
+    assert all(len(block) == block_size for block in blocks)
+    assert len(blocks) == len(stream) // block_size
+    assert sum(blocks, []) == stream[: len(blocks) * block_size]
+    streamed = data.pack_blocks(tokenized.to_iterable_dataset(), block_size, eos)
+    assert [row["input_ids"] for row in streamed] == blocks
+
+
+def test_packed_mlm_examples_wrap_blocks_in_cls_and_sep(wiki_tokenized, tokenizer):
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    examples = data.build_mlm_examples(wiki_tokenized, 64, cls_id=cls_id, sep_id=sep_id)
+    inner = data.pack_blocks(wiki_tokenized, 62, sep_id)["input_ids"]
+    assert examples["input_ids"] == [[cls_id, *block, sep_id] for block in inner]
+    total = sum(len(sentence) for doc in wiki_tokenized["input_ids"] for sentence in doc)
+    assert len(inner) == (total + len(wiki_tokenized)) // 62
