@@ -3,6 +3,7 @@
 Importing the package registers egbert's models with the transformers Auto classes.
 """
 
+from egbert import models  # noqa: F401  (registers the Auto classes)
 from egbert.errors import CheckpointError, ConfigError, DataError, EgbertError, TrainingError
 
 __version__ = "0.1.0"

@@ -1,0 +1,127 @@
+"""Generate text with a gpt model and stream it to stdout (`egbert generate`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
+
+import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
+from egbert.errors import CheckpointError, ConfigError
+
+CAUSAL_MODEL_TYPES = ("egbert-gpt", "gpt2")
+
+
+def check_generative_model(model_dir: Path) -> None:
+    """Raise CheckpointError unless `model_dir` holds a causal language model."""
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{model_dir} has no config.json: pass a saved gpt model directory")
+    model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    if model_type not in CAUSAL_MODEL_TYPES:
+        raise CheckpointError(
+            f"{model_dir} holds a {model_type!r} model; egbert generate needs a gpt model "
+            f"(model_type {' or '.join(CAUSAL_MODEL_TYPES)})"
+        )
+
+
+def check_sampling_options(args: argparse.Namespace) -> None:
+    if args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.temperature is not None and args.temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ConfigError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1], got {args.top_p}")
+
+
+def generate(
+    model_dir: str | Path,
+    prompt: str,
+    max_new_tokens: int = 50,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stream: bool = True,
+) -> str:
+    """Continue `prompt` with the gpt model in `model_dir`; temperature 0 or None means greedy.
+
+    Prints the continuation as it is produced when `stream`; returns it either way.
+    """
+    model_dir = Path(model_dir)
+    check_generative_model(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
+    input_ids = prompt_ids(tokenizer, prompt, model.config).to(device)
+    length = input_ids.shape[1] + max_new_tokens
+    if length > model.config.max_position_embeddings:
+        raise ConfigError(
+            f"prompt ({input_ids.shape[1]} tokens) + --max-new-tokens ({max_new_tokens}) exceeds "
+            f"the model's {model.config.max_position_embeddings} positions; shorten one of them"
+        )
+    sampling = bool(temperature)
+    # explicit values, so defaults in the model's generation_config.json do not filter silently
+    options = {"temperature": temperature, "top_k": top_k or 0, "top_p": top_p or 1.0}
+    if seed is not None:
+        torch.manual_seed(seed)
+    streamer = TextStreamer(tokenizer, skip_prompt=True) if stream else None
+    pad_token_id = tokenizer.pad_token_id
+    if pad_token_id is None:
+        pad_token_id = tokenizer.eos_token_id
+    with torch.no_grad():
+        output = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=sampling,
+            streamer=streamer,
+            pad_token_id=pad_token_id,
+            **(options if sampling else {}),
+        )
+    return tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)
+
+
+def prompt_ids(tokenizer, prompt: str, config) -> torch.Tensor:
+    """The prompt as (1, tokens) ids, without [CLS]/[SEP]; an empty prompt starts from bos."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if not ids:
+        start = config.bos_token_id if config.bos_token_id is not None else tokenizer.bos_token_id
+        if start is None:
+            raise ConfigError("--prompt is empty and the model has no bos token to start from")
+        ids = [start]
+    return torch.tensor([ids])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="egbert generate",
+        description="Continue a prompt with a gpt model, streaming the text to stdout.",
+    )
+    parser.add_argument("--model", required=True, help="gpt model directory (with its tokenizer)")
+    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate")
+    parser.add_argument(
+        "--temperature", type=float, default=None, help="sampling temperature; 0 or absent: greedy"
+    )
+    parser.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest")
+    parser.add_argument(
+        "--top-p", type=float, default=None, help="sample from the smallest set with this mass"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    args = parser.parse_args(argv)
+    check_sampling_options(args)
+    generate(
+        args.model,
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )

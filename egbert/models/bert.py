@@ -1,0 +1,325 @@
+"""A BERT-like encoder as a Hugging Face model: config, encoder, MLM+NSP pretraining, masked LM.
+
+Devlin et al. 2019: token + position + segment embeddings, a stack of post-LN transformer blocks
+with bidirectional self-attention, a tanh pooler over [CLS], a masked-LM head tied to the input
+embeddings and a next-sentence-prediction head over the pooled [CLS]. Options beyond BERT: fixed
+sinusoidal positions, pre-LN blocks, and MLM logits computed only where there is a label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForPreTraining,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+from transformers.modeling_outputs import BaseModelOutputWithPooling, MaskedLMOutput
+from transformers.utils import ModelOutput
+
+from egbert.models.layers import (
+    ACTIVATIONS,
+    Embeddings,
+    TransformerBlock,
+    check_sequence_length,
+    check_transformer_config,
+    init_transformer_weights,
+    self_attention_mask,
+)
+
+
+class EgbertBertConfig(PretrainedConfig):
+    model_type = "egbert-bert"
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    position_embedding_type: str = "learned"  # or "sinusoidal"
+    pre_layernorm: bool = False  # True: LayerNorm before each sublayer, plus one at the end
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int | None = 0
+    sparse_mlm_logits: bool = False  # compute MLM logits only where labels != -100
+    label_smoothing: float = 0.0
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        check_transformer_config(self)
+
+
+class EgbertBertPreTrainedModel(PreTrainedModel):
+    config_class = EgbertBertConfig
+    base_model_prefix = "bert"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["Embeddings", "TransformerBlock"]
+
+    def _init_weights(self, module: nn.Module) -> None:
+        init_transformer_weights(module, self.config.initializer_range)
+
+
+class EgbertBertModel(EgbertBertPreTrainedModel):
+    """The encoder: returns every position's hidden state and the pooled [CLS]."""
+
+    def __init__(self, config: EgbertBertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = Embeddings(
+            config.vocab_size,
+            config.hidden_size,
+            config.max_position_embeddings,
+            config.position_embedding_type,
+            config.type_vocab_size,
+            config.layer_norm_eps,
+            config.hidden_dropout_prob,
+        )
+        self.layers = nn.ModuleList(
+            TransformerBlock(
+                config.hidden_size,
+                config.num_attention_heads,
+                config.intermediate_size,
+                config.hidden_act,
+                config.hidden_dropout_prob,
+                config.attention_probs_dropout_prob,
+                config.layer_norm_eps,
+                pre_layernorm=config.pre_layernorm,
+                layer_idx=index,
+            )
+            for index in range(config.num_hidden_layers)
+        )
+        # pre-LN leaves the residual stream unnormalised: normalise the output once
+        self.final_norm = (
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            if config.pre_layernorm
+            else None
+        )
+        self.pooler = (
+            nn.Linear(config.hidden_size, config.hidden_size) if add_pooling_layer else None
+        )
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> BaseModelOutputWithPooling | tuple:
+        output_hidden_states = _default(output_hidden_states, self.config.output_hidden_states)
+        output_attentions = _default(output_attentions, self.config.output_attentions)
+        check_sequence_length(input_ids.shape[1], self.config.max_position_embeddings)
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]
+        hidden = self.embeddings(input_ids, position_ids, token_type_ids)  # (batch, seq, hidden)
+        mask = self_attention_mask(
+            attention_mask, input_ids.shape[1], 0, is_causal=False, device=input_ids.device
+        )
+        all_hidden, all_attentions = (hidden,), ()
+        for layer in self.layers:
+            hidden, weights = layer(hidden, mask, output_attentions=output_attentions)
+            all_hidden += (hidden,)
+            all_attentions += (weights,)
+        if self.final_norm is not None:
+            hidden = self.final_norm(hidden)
+            all_hidden = all_hidden[:-1] + (hidden,)
+        pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None
+        output = BaseModelOutputWithPooling(
+            last_hidden_state=hidden,
+            pooler_output=pooled,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if _default(return_dict, self.config.return_dict) else output.to_tuple()
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's MLM head: dense + GELU + LayerNorm, then a decoder tied to the input embeddings."""
+
+    def __init__(self, config: EgbertBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.norm(self.activation(self.dense(hidden_states))))
+
+
+def masked_lm_logits_and_loss(
+    head: MaskedLMHead,
+    sequence_output: torch.Tensor,
+    labels: torch.Tensor | None,
+    config: EgbertBertConfig,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """MLM logits and the cross-entropy over positions whose label is not -100.
+
+    With config.sparse_mlm_logits and labels, only the labelled positions go through the head
+    (about 15% of them in BERT pretraining), so the logits are (labelled positions, vocab).
+    """
+    if labels is None:
+        return head(sequence_output), None
+    if config.sparse_mlm_logits:
+        selected = labels != -100
+        sequence_output, labels = sequence_output[selected], labels[selected]
+    logits = head(sequence_output)
+    loss = F.cross_entropy(
+        logits.reshape(-1, config.vocab_size),
+        labels.reshape(-1),
+        ignore_index=-100,
+        label_smoothing=config.label_smoothing,
+    )
+    return logits, loss
+
+
+@dataclass
+class EgbertBertForPreTrainingOutput(ModelOutput):
+    """loss = mlm_loss + nsp_loss (each part present only when its labels were given)."""
+
+    loss: torch.Tensor | None = None
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+    prediction_logits: torch.Tensor | None = None
+    seq_relationship_logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class EgbertBertForPreTraining(EgbertBertPreTrainedModel):
+    """BERT pretraining: masked LM over the tokens plus next-sentence prediction over [CLS]."""
+
+    _tied_weights_keys = {"mlm_head.decoder.weight": "bert.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: EgbertBertConfig):
+        super().__init__(config)
+        self.bert = EgbertBertModel(config)
+        self.mlm_head = MaskedLMHead(config)
+        self.nsp_head = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.mlm_head.decoder
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.mlm_head.decoder = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> EgbertBertForPreTrainingOutput | tuple:
+        encoded = self.bert(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+        )
+        prediction_logits, mlm_loss = masked_lm_logits_and_loss(
+            self.mlm_head, encoded.last_hidden_state, labels, self.config
+        )
+        seq_relationship_logits = self.nsp_head(encoded.pooler_output)  # (batch, 2)
+        nsp_loss = None
+        if next_sentence_label is not None:
+            nsp_loss = F.cross_entropy(seq_relationship_logits, next_sentence_label.reshape(-1))
+        losses = [loss for loss in (mlm_loss, nsp_loss) if loss is not None]
+        output = EgbertBertForPreTrainingOutput(
+            loss=sum(losses) if losses else None,
+            mlm_loss=mlm_loss,
+            nsp_loss=nsp_loss,
+            prediction_logits=prediction_logits,
+            seq_relationship_logits=seq_relationship_logits,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
+        )
+        return output if _default(return_dict, self.config.return_dict) else output.to_tuple()
+
+
+class EgbertBertForMaskedLM(EgbertBertPreTrainedModel):
+    """The encoder with the masked-LM head alone (no pooler, no NSP), e.g. for fill-mask."""
+
+    _tied_weights_keys = {"mlm_head.decoder.weight": "bert.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: EgbertBertConfig):
+        super().__init__(config)
+        self.bert = EgbertBertModel(config, add_pooling_layer=False)
+        self.mlm_head = MaskedLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.mlm_head.decoder
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.mlm_head.decoder = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> MaskedLMOutput | tuple:
+        encoded = self.bert(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+        )
+        logits, loss = masked_lm_logits_and_loss(
+            self.mlm_head, encoded.last_hidden_state, labels, self.config
+        )
+        output = MaskedLMOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
+        )
+        return output if _default(return_dict, self.config.return_dict) else output.to_tuple()
+
+
+def _default(value: bool | None, config_value: bool | None) -> bool:
+    return bool(config_value) if value is None else value
+
+
+AutoConfig.register(EgbertBertConfig.model_type, EgbertBertConfig, exist_ok=True)
+AutoModel.register(EgbertBertConfig, EgbertBertModel, exist_ok=True)
+AutoModelForPreTraining.register(EgbertBertConfig, EgbertBertForPreTraining, exist_ok=True)
+AutoModelForMaskedLM.register(EgbertBertConfig, EgbertBertForMaskedLM, exist_ok=True)

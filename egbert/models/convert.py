@@ -1,0 +1,493 @@
+"""Convert stock transformers BERT / GPT-2 checkpoints to egbert models and back (`egbert convert`).
+
+Stock -> egbert: BertModel, BertForPreTraining, BertForMaskedLM -> the egbert-bert classes;
+GPT2Model, GPT2LMHeadModel -> the egbert-gpt classes. egbert -> stock goes the other way and gives
+checkpoints that plain transformers loads without egbert installed. Weights are only renamed,
+concatenated (BERT's query/key/value into one projection) or transposed (GPT-2's Conv1D), so a
+round trip reproduces the original state dict exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPT2Model,
+    PreTrainedModel,
+)
+from transformers import initialization as init
+
+from egbert.errors import CheckpointError
+from egbert.models.bert import (
+    EgbertBertConfig,
+    EgbertBertForMaskedLM,
+    EgbertBertForPreTraining,
+    EgbertBertModel,
+)
+from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM, EgbertGPTModel
+from egbert.models.layers import ACTIVATIONS
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+)
+
+# stock class <-> egbert class, and the prefix of the encoder/decoder weights in each
+BERT_CLASSES = {
+    BertModel: (EgbertBertModel, ""),
+    BertForPreTraining: (EgbertBertForPreTraining, "bert."),
+    BertForMaskedLM: (EgbertBertForMaskedLM, "bert."),
+}
+GPT2_CLASSES = {
+    GPT2Model: (EgbertGPTModel, ""),
+    GPT2LMHeadModel: (EgbertGPTForCausalLM, "transformer."),
+}
+EGBERT_GPT_PREFIX = {EgbertGPTModel: "", EgbertGPTForCausalLM: "gpt."}
+
+# One weight mapping: (stock names, egbert name, how). "copy" and "transpose" take one stock
+# tensor; "concat" joins several along dim 0 (and splits them again on the way back).
+Mapping = tuple[tuple[str, ...], str, str]
+
+
+# ---------------------------------------------------------------- configs
+
+
+def bert_config_from_transformers(config: BertConfig) -> EgbertBertConfig:
+    position_type = getattr(config, "position_embedding_type", "absolute")
+    if position_type != "absolute" or config.is_decoder or config.add_cross_attention:
+        raise CheckpointError(
+            f"only encoder BERT checkpoints with absolute positions convert; this one has "
+            f"position_embedding_type={position_type!r}, is_decoder={config.is_decoder}"
+        )
+    _check_activation(config.hidden_act)
+    return EgbertBertConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act,
+        hidden_dropout_prob=config.hidden_dropout_prob,
+        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+        layer_norm_eps=config.layer_norm_eps,
+        initializer_range=config.initializer_range,
+        pad_token_id=config.pad_token_id,
+        tie_word_embeddings=config.tie_word_embeddings,
+    )
+
+
+def bert_config_to_transformers(config: EgbertBertConfig) -> BertConfig:
+    if (
+        config.position_embedding_type != "learned"
+        or config.pre_layernorm
+        or config.type_vocab_size < 1
+    ):
+        raise CheckpointError(
+            "stock BERT needs learned positions, post-LN blocks and segment embeddings; this model "
+            f"has position_embedding_type={config.position_embedding_type!r}, "
+            f"pre_layernorm={config.pre_layernorm}, type_vocab_size={config.type_vocab_size}"
+        )
+    return BertConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act,
+        hidden_dropout_prob=config.hidden_dropout_prob,
+        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+        layer_norm_eps=config.layer_norm_eps,
+        initializer_range=config.initializer_range,
+        pad_token_id=config.pad_token_id,
+        tie_word_embeddings=config.tie_word_embeddings,
+    )
+
+
+def gpt2_config_from_transformers(config: GPT2Config) -> EgbertGPTConfig:
+    if (
+        not config.scale_attn_weights
+        or config.scale_attn_by_inverse_layer_idx
+        or config.add_cross_attention
+    ):
+        raise CheckpointError(
+            "only GPT-2 checkpoints with standard 1/sqrt(head_dim) attention scaling and no "
+            "cross-attention convert (check scale_attn_weights, scale_attn_by_inverse_layer_idx, "
+            "add_cross_attention in config.json)"
+        )
+    _check_activation(config.activation_function)
+    return EgbertGPTConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.n_embd,
+        num_hidden_layers=config.n_layer,
+        num_attention_heads=config.n_head,
+        intermediate_size=config.n_inner or 4 * config.n_embd,
+        hidden_act=config.activation_function,
+        hidden_dropout_prob=config.resid_pdrop,
+        attention_probs_dropout_prob=config.attn_pdrop,
+        max_position_embeddings=config.n_positions,
+        layer_norm_eps=config.layer_norm_epsilon,
+        initializer_range=config.initializer_range,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        tie_word_embeddings=config.tie_word_embeddings,
+    )
+
+
+def gpt2_config_to_transformers(config: EgbertGPTConfig) -> GPT2Config:
+    if config.position_embedding_type != "learned":
+        raise CheckpointError(
+            "stock GPT-2 needs learned positions; this model has "
+            f"position_embedding_type={config.position_embedding_type!r}"
+        )
+    return GPT2Config(
+        vocab_size=config.vocab_size,
+        n_embd=config.hidden_size,
+        n_layer=config.num_hidden_layers,
+        n_head=config.num_attention_heads,
+        n_inner=config.intermediate_size,
+        activation_function=config.hidden_act,
+        resid_pdrop=config.hidden_dropout_prob,
+        embd_pdrop=config.hidden_dropout_prob,
+        attn_pdrop=config.attention_probs_dropout_prob,
+        n_positions=config.max_position_embeddings,
+        layer_norm_epsilon=config.layer_norm_eps,
+        initializer_range=config.initializer_range,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        tie_word_embeddings=config.tie_word_embeddings,
+    )
+
+
+def _check_activation(name: str) -> None:
+    if name not in ACTIVATIONS:
+        raise CheckpointError(f"activation {name!r} has no egbert equivalent ({list(ACTIVATIONS)})")
+
+
+# ---------------------------------------------------------------- weight names
+
+
+def bert_mappings(
+    num_layers: int, stock_prefix: str, egbert_prefix: str, pooler: bool, mlm: bool, nsp: bool
+) -> list[Mapping]:
+    s, e = stock_prefix, egbert_prefix
+    mappings: list[Mapping] = [
+        ((f"{s}embeddings.{name}.weight",), f"{e}embeddings.{name}.weight", "copy")
+        for name in ("word_embeddings", "position_embeddings", "token_type_embeddings")
+    ]
+    pairs = [("embeddings.LayerNorm", "embeddings.norm")]
+    for i in range(num_layers):
+        pairs += [
+            (f"encoder.layer.{i}.attention.output.dense", f"layers.{i}.attention.out"),
+            (f"encoder.layer.{i}.attention.output.LayerNorm", f"layers.{i}.attention_norm"),
+            (f"encoder.layer.{i}.intermediate.dense", f"layers.{i}.feed_forward.up"),
+            (f"encoder.layer.{i}.output.dense", f"layers.{i}.feed_forward.down"),
+            (f"encoder.layer.{i}.output.LayerNorm", f"layers.{i}.feed_forward_norm"),
+        ]
+    if pooler:
+        pairs.append(("pooler.dense", "pooler"))
+    mappings += _weights_and_biases(pairs, s, e, "copy")
+    for i in range(num_layers):
+        for param in ("weight", "bias"):
+            qkv = tuple(
+                f"{s}encoder.layer.{i}.attention.self.{name}.{param}"
+                for name in ("query", "key", "value")
+            )
+            mappings.append((qkv, f"{e}layers.{i}.attention.qkv.{param}", "concat"))
+    if mlm:
+        head = [
+            ("cls.predictions.transform.dense", "mlm_head.dense"),
+            ("cls.predictions.transform.LayerNorm", "mlm_head.norm"),
+            ("cls.predictions.decoder", "mlm_head.decoder"),
+        ]
+        mappings += _weights_and_biases(head, "", "", "copy")
+        # stock BERT keeps the decoder bias twice (tied): both names map to the one egbert bias
+        mappings.append((("cls.predictions.bias",), "mlm_head.decoder.bias", "copy"))
+    if nsp:
+        mappings += _weights_and_biases([("cls.seq_relationship", "nsp_head")], "", "", "copy")
+    return mappings
+
+
+def gpt2_mappings(
+    num_layers: int, stock_prefix: str, egbert_prefix: str, lm_head: bool
+) -> list[Mapping]:
+    s, e = stock_prefix, egbert_prefix
+    mappings: list[Mapping] = [
+        ((f"{s}wte.weight",), f"{e}embeddings.word_embeddings.weight", "copy"),
+        ((f"{s}wpe.weight",), f"{e}embeddings.position_embeddings.weight", "copy"),
+    ]
+    norms = [("ln_f", "final_norm")]
+    # GPT-2's Conv1D stores weights as (in, out), nn.Linear as (out, in)
+    conv1ds = []
+    for i in range(num_layers):
+        norms += [(f"h.{i}.ln_1", f"layers.{i}.attention_norm")]
+        norms += [(f"h.{i}.ln_2", f"layers.{i}.feed_forward_norm")]
+        conv1ds += [
+            (f"h.{i}.attn.c_attn", f"layers.{i}.attention.qkv"),
+            (f"h.{i}.attn.c_proj", f"layers.{i}.attention.out"),
+            (f"h.{i}.mlp.c_fc", f"layers.{i}.feed_forward.up"),
+            (f"h.{i}.mlp.c_proj", f"layers.{i}.feed_forward.down"),
+        ]
+    mappings += _weights_and_biases(norms, s, e, "copy")
+    for stock, egbert in conv1ds:
+        mappings.append(((f"{s}{stock}.weight",), f"{e}{egbert}.weight", "transpose"))
+        mappings.append(((f"{s}{stock}.bias",), f"{e}{egbert}.bias", "copy"))
+    if lm_head:
+        mappings.append((("lm_head.weight",), "lm_head.weight", "copy"))
+    return mappings
+
+
+def _weights_and_biases(
+    pairs: list[tuple[str, str]], stock_prefix: str, egbert_prefix: str, how: str
+) -> list[Mapping]:
+    return [
+        ((f"{stock_prefix}{stock}.{param}",), f"{egbert_prefix}{egbert}.{param}", how)
+        for stock, egbert in pairs
+        for param in ("weight", "bias")
+    ]
+
+
+def stock_to_egbert_state(
+    state: dict[str, torch.Tensor], mappings: list[Mapping]
+) -> dict[str, torch.Tensor]:
+    converted = {}
+    for stock_names, egbert_name, how in mappings:
+        tensors = [state[name] for name in stock_names]
+        if how == "concat":
+            converted[egbert_name] = torch.cat(tensors, dim=0)
+        elif how == "transpose":
+            converted[egbert_name] = tensors[0].t().contiguous()
+        else:
+            converted[egbert_name] = tensors[0]
+    return converted
+
+
+def egbert_to_stock_state(
+    state: dict[str, torch.Tensor], mappings: list[Mapping]
+) -> dict[str, torch.Tensor]:
+    converted = {}
+    for stock_names, egbert_name, how in mappings:
+        tensor = state[egbert_name]
+        if how == "concat":
+            parts = tensor.chunk(len(stock_names), dim=0)
+            converted.update(zip(stock_names, parts, strict=True))
+        elif how == "transpose":
+            converted[stock_names[0]] = tensor.t().contiguous()
+        else:
+            converted[stock_names[0]] = tensor
+    return converted
+
+
+# ---------------------------------------------------------------- models
+
+
+def bert_from_transformers(model: BertModel | BertForPreTraining | BertForMaskedLM):
+    """A stock BERT model (BertModel, BertForPreTraining or BertForMaskedLM) as its egbert twin."""
+    egbert_class, prefix = _lookup(BERT_CLASSES, type(model))
+    config = bert_config_from_transformers(model.config)
+    pooler = _bert_has_pooler(model)
+    state = stock_to_egbert_state(
+        model.state_dict(), _bert_mappings_for(egbert_class, config, prefix, pooler)
+    )
+    options = {"add_pooling_layer": pooler} if egbert_class is EgbertBertModel else {}
+    return _build(egbert_class, config, state, model.dtype, **options)
+
+
+def bert_to_transformers(model: EgbertBertModel | EgbertBertForPreTraining | EgbertBertForMaskedLM):
+    """An egbert BERT model as the stock transformers class of the same shape."""
+    stock_class = next(
+        stock for stock, (egbert, _) in BERT_CLASSES.items() if egbert is type(model)
+    )
+    prefix = BERT_CLASSES[stock_class][1]
+    config = bert_config_to_transformers(model.config)
+    pooler = _bert_has_pooler(model)
+    state = egbert_to_stock_state(
+        model.state_dict(), _bert_mappings_for(type(model), model.config, prefix, pooler)
+    )
+    options = {"add_pooling_layer": pooler} if stock_class is BertModel else {}
+    return _build(stock_class, config, state, model.dtype, **options)
+
+
+def gpt2_from_transformers(model: GPT2Model | GPT2LMHeadModel):
+    """A stock GPT-2 model (GPT2Model or GPT2LMHeadModel) as its egbert twin."""
+    egbert_class, prefix = _lookup(GPT2_CLASSES, type(model))
+    config = gpt2_config_from_transformers(model.config)
+    mappings = gpt2_mappings(
+        config.num_hidden_layers,
+        prefix,
+        EGBERT_GPT_PREFIX[egbert_class],
+        egbert_class is not EgbertGPTModel,
+    )
+    state = stock_to_egbert_state(model.state_dict(), mappings)
+    return _build(egbert_class, config, state, model.dtype)
+
+
+def gpt2_to_transformers(model: EgbertGPTModel | EgbertGPTForCausalLM):
+    """An egbert GPT model as GPT2Model or GPT2LMHeadModel."""
+    stock_class = next(
+        stock for stock, (egbert, _) in GPT2_CLASSES.items() if egbert is type(model)
+    )
+    config = gpt2_config_to_transformers(model.config)
+    mappings = gpt2_mappings(
+        model.config.num_hidden_layers,
+        GPT2_CLASSES[stock_class][1],
+        EGBERT_GPT_PREFIX[type(model)],
+        stock_class is GPT2LMHeadModel,
+    )
+    state = egbert_to_stock_state(model.state_dict(), mappings)
+    return _build(stock_class, config, state, model.dtype)
+
+
+def _lookup(table: dict, model_class: type) -> tuple:
+    if model_class not in table:
+        accepted = ", ".join(cls.__name__ for cls in table)
+        raise CheckpointError(f"cannot convert a {model_class.__name__}; accepted: {accepted}")
+    return table[model_class]
+
+
+def _bert_has_pooler(model: PreTrainedModel) -> bool:
+    return getattr(model.base_model, "pooler", None) is not None
+
+
+def _bert_mappings_for(egbert_class: type, config, prefix: str, pooler: bool) -> list[Mapping]:
+    return bert_mappings(
+        config.num_hidden_layers,
+        stock_prefix=prefix,
+        egbert_prefix=prefix,
+        pooler=pooler,
+        mlm=egbert_class is not EgbertBertModel,
+        nsp=egbert_class is EgbertBertForPreTraining,
+    )
+
+
+def _build(model_class: type, config, state: dict[str, torch.Tensor], dtype, **options):
+    # every weight is about to be overwritten: skip the random initialisation (slow for big models)
+    with init.no_init_weights():
+        model = model_class(config, **options)
+    # strict: every weight of the target must come from the source, or the mapping is wrong
+    model.load_state_dict(state, strict=True)
+    model.tie_weights()  # no_init_weights skipped the tying as well
+    return model.to(dtype).eval()
+
+
+# ---------------------------------------------------------------- checkpoints
+
+STOCK_CLASSES = {cls.__name__: cls for cls in (*BERT_CLASSES, *GPT2_CLASSES)}
+EGBERT_CLASSES = {
+    cls.__name__: cls
+    for cls in (
+        EgbertBertModel,
+        EgbertBertForPreTraining,
+        EgbertBertForMaskedLM,
+        EgbertGPTModel,
+        EgbertGPTForCausalLM,
+    )
+}
+DEFAULT_ARCHITECTURE = {
+    "bert": "BertModel",
+    "gpt2": "GPT2LMHeadModel",
+    "egbert-bert": "EgbertBertModel",
+    "egbert-gpt": "EgbertGPTForCausalLM",
+}
+
+
+def convert_checkpoint(
+    source: str | Path, target: str | Path, to_transformers: bool = False
+) -> PreTrainedModel:
+    """Convert the model saved in `source` and save it, with its tokenizer files, to `target`.
+
+    Stock BERT/GPT-2 -> egbert by default; egbert -> stock with to_transformers=True.
+    Returns the converted model.
+    """
+    source, target = Path(source), Path(target)
+    architecture = read_architecture(source)
+    if to_transformers:
+        if architecture not in EGBERT_CLASSES:
+            raise CheckpointError(
+                f"{source} holds a {architecture}, not an egbert model: --to-transformers "
+                f"converts egbert checkpoints ({', '.join(EGBERT_CLASSES)}); drop the flag to "
+                "convert to egbert"
+            )
+        model = EGBERT_CLASSES[architecture].from_pretrained(source)
+        is_bert = isinstance(model.config, EgbertBertConfig)
+        converted = bert_to_transformers(model) if is_bert else gpt2_to_transformers(model)
+    else:
+        if architecture not in STOCK_CLASSES:
+            hint = (
+                "; add --to-transformers to convert it back to the stock class"
+                if architecture in EGBERT_CLASSES
+                else ""
+            )
+            raise CheckpointError(
+                f"{source} holds a {architecture}; egbert convert accepts stock "
+                f"{', '.join(STOCK_CLASSES)} checkpoints{hint}"
+            )
+        model = STOCK_CLASSES[architecture].from_pretrained(source)
+        is_bert = isinstance(model.config, BertConfig)
+        converted = bert_from_transformers(model) if is_bert else gpt2_from_transformers(model)
+    converted.save_pretrained(target)
+    copy_tokenizer_files(source, target)
+    return converted
+
+
+def read_architecture(directory: Path) -> str:
+    """The model class named by a checkpoint's config.json (its first `architectures` entry)."""
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{directory} has no config.json: pass a saved model directory")
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    architectures = config.get("architectures") or []
+    if architectures:
+        return architectures[0]
+    model_type = config.get("model_type")
+    if model_type not in DEFAULT_ARCHITECTURE:
+        raise CheckpointError(
+            f"{config_file} has model_type {model_type!r}; egbert convert accepts bert, gpt2, "
+            "egbert-bert and egbert-gpt checkpoints"
+        )
+    return DEFAULT_ARCHITECTURE[model_type]
+
+
+def copy_tokenizer_files(source: Path, target: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, target / name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="egbert convert",
+        description="Convert a stock transformers BertModel / BertForPreTraining / BertForMaskedLM "
+        "/ GPT2LMHeadModel checkpoint to egbert, or (--to-transformers) an egbert bert or gpt "
+        "checkpoint to the stock class. Tokenizer files are copied along.",
+    )
+    parser.add_argument("--from", dest="source", required=True, help="model directory to read")
+    parser.add_argument("--to", dest="target", required=True, help="directory to write")
+    parser.add_argument(
+        "--to-transformers",
+        action="store_true",
+        help="convert egbert -> stock transformers classes (default: stock -> egbert)",
+    )
+    args = parser.parse_args(argv)
+    model = convert_checkpoint(args.source, args.target, to_transformers=args.to_transformers)
+    print(f"wrote {type(model).__name__} to {args.target}")

@@ -1,0 +1,239 @@
+"""A GPT-like decoder as a Hugging Face model: config, decoder, causal LM with generate().
+
+Radford et al. 2019 (GPT-2): token + learned position embeddings, a stack of pre-LN transformer
+blocks with causal self-attention, a final LayerNorm and an LM head tied to the input embeddings.
+GenerationMixin supplies generate() (greedy, sampling, top-k, top-p), fed by a KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    GenerationMixin,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from egbert.models.layers import (
+    Embeddings,
+    TransformerBlock,
+    check_sequence_length,
+    check_transformer_config,
+    init_transformer_weights,
+    self_attention_mask,
+)
+
+
+class EgbertGPTConfig(PretrainedConfig):
+    model_type = "egbert-gpt"
+
+    vocab_size: int = 50257
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu_new"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 1024
+    position_embedding_type: str = "learned"  # or "sinusoidal"
+    layer_norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    label_smoothing: float = 0.0
+    use_cache: bool = True
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        check_transformer_config(self)
+
+
+class EgbertGPTPreTrainedModel(PreTrainedModel):
+    config_class = EgbertGPTConfig
+    base_model_prefix = "gpt"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TransformerBlock"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        init_transformer_weights(module, self.config.initializer_range)
+        if getattr(module, "writes_residual", False):
+            # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2 * layers)
+            # so the variance of the stream does not grow with depth
+            std = self.config.initializer_range / math.sqrt(2 * self.config.num_hidden_layers)
+            init.normal_(module.weight, mean=0.0, std=std)
+
+
+class EgbertGPTModel(EgbertGPTPreTrainedModel):
+    """The decoder: causal pre-LN blocks and a final LayerNorm; keeps a KV cache when asked."""
+
+    def __init__(self, config: EgbertGPTConfig):
+        super().__init__(config)
+        self.embeddings = Embeddings(
+            config.vocab_size,
+            config.hidden_size,
+            config.max_position_embeddings,
+            config.position_embedding_type,
+            dropout=config.hidden_dropout_prob,
+        )
+        self.layers = nn.ModuleList(
+            TransformerBlock(
+                config.hidden_size,
+                config.num_attention_heads,
+                config.intermediate_size,
+                config.hidden_act,
+                config.hidden_dropout_prob,
+                config.attention_probs_dropout_prob,
+                config.layer_norm_eps,
+                pre_layernorm=True,
+                is_causal=True,
+                layer_idx=index,
+            )
+            for index in range(config.num_hidden_layers)
+        )
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> BaseModelOutputWithPast | tuple:
+        """token_type_ids is accepted and ignored (GPT has no segments), so that the output of any
+        egbert tokenizer can be passed in as **inputs."""
+        output_hidden_states = _default(output_hidden_states, self.config.output_hidden_states)
+        output_attentions = _default(output_attentions, self.config.output_attentions)
+        # a cache is only worth building when decoding, not for a training step
+        use_cache = _default(use_cache, self.config.use_cache and not self.training)
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        length = input_ids.shape[1]
+        check_sequence_length(past_length + length, self.config.max_position_embeddings)
+        if position_ids is None:
+            position_ids = torch.arange(past_length, past_length + length, device=input_ids.device)
+            position_ids = position_ids[None, :]
+        hidden = self.embeddings(input_ids, position_ids)  # (batch, seq, hidden)
+        mask = self_attention_mask(
+            attention_mask, length, past_length, is_causal=True, device=input_ids.device
+        )
+        all_hidden, all_attentions = (hidden,), ()
+        for layer in self.layers:
+            hidden, weights = layer(
+                hidden,
+                mask,
+                past_key_values=past_key_values if use_cache else None,
+                output_attentions=output_attentions,
+            )
+            all_hidden += (hidden,)
+            all_attentions += (weights,)
+        hidden = self.final_norm(hidden)
+        # as GPT-2 in transformers: the last hidden state is reported after the final LayerNorm
+        all_hidden = all_hidden[:-1] + (hidden,)
+        output = BaseModelOutputWithPast(
+            last_hidden_state=hidden,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=all_hidden if output_hidden_states else None,
+            attentions=all_attentions if output_attentions else None,
+        )
+        return output if _default(return_dict, self.config.return_dict) else output.to_tuple()
+
+
+class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
+    """The decoder with a tied LM head: next-token loss for training, generate() for text."""
+
+    _tied_weights_keys = {"lm_head.weight": "gpt.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: EgbertGPTConfig):
+        super().__init__(config)
+        self.gpt = EgbertGPTModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
+        labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> CausalLMOutputWithPast | tuple:
+        """labels may simply be input_ids: they are shifted here; -100 marks positions to ignore.
+        logits_to_keep > 0 computes logits for the last that many positions only (generate uses 1).
+        """
+        decoded = self.gpt(
+            input_ids,
+            attention_mask,
+            position_ids,
+            past_key_values,
+            use_cache,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+        )
+        hidden = decoded.last_hidden_state
+        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        loss = None
+        if labels is not None:
+            # position t predicts token t + 1
+            loss = F.cross_entropy(
+                logits[:, :-1].reshape(-1, self.config.vocab_size),
+                labels[:, 1:].reshape(-1),
+                ignore_index=-100,
+                label_smoothing=self.config.label_smoothing,
+            )
+        output = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=decoded.past_key_values,
+            hidden_states=decoded.hidden_states,
+            attentions=decoded.attentions,
+        )
+        return output if _default(return_dict, self.config.return_dict) else output.to_tuple()
+
+
+def _default(value: bool | None, config_value: bool | None) -> bool:
+    return bool(config_value) if value is None else value
+
+
+AutoConfig.register(EgbertGPTConfig.model_type, EgbertGPTConfig, exist_ok=True)
+AutoModel.register(EgbertGPTConfig, EgbertGPTModel, exist_ok=True)
+AutoModelForCausalLM.register(EgbertGPTConfig, EgbertGPTForCausalLM, exist_ok=True)

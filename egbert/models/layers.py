@@ -1,0 +1,302 @@
+"""Transformer building blocks shared by egbert's BERT and GPT: embeddings, attention, MLP, block.
+
+Both models are stacks of the same block; they differ in where the LayerNorms sit (after each
+residual sum in BERT, before each sublayer in GPT), in whether attention is causal, and in the
+GELU variant (exact in BERT, the tanh approximation in GPT-2).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from egbert.errors import ConfigError, DataError
+
+# config.hidden_act -> activation; "gelu_new" is GPT-2's name for the tanh approximation
+ACTIVATIONS = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh")}
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+
+
+def sinusoidal_position_table(num_positions: int, dim: int) -> torch.Tensor:
+    """The fixed position encodings of "Attention is all you need": sin on even, cos on odd dims."""
+    positions = torch.arange(num_positions, dtype=torch.float32).unsqueeze(1)
+    frequencies = torch.exp(
+        torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim)
+    )
+    table = torch.zeros(num_positions, dim)
+    table[:, 0::2] = torch.sin(positions * frequencies)
+    table[:, 1::2] = torch.cos(positions * frequencies[: dim // 2])
+    return table  # (positions, dim)
+
+
+class Embeddings(nn.Module):
+    """Token + position (+ segment) embeddings, then an optional LayerNorm and dropout."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        max_position_embeddings: int,
+        position_embedding_type: str = "learned",
+        type_vocab_size: int = 0,
+        layer_norm_eps: float | None = None,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab_size, hidden_size)
+        self.position_embedding_type = position_embedding_type
+        if position_embedding_type == "learned":
+            self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
+        else:
+            # fixed, so not saved: it is rebuilt from the config when the model is created
+            table = sinusoidal_position_table(max_position_embeddings, hidden_size)
+            self.register_buffer("position_table", table, persistent=False)
+        self.token_type_embeddings = (
+            nn.Embedding(type_vocab_size, hidden_size) if type_vocab_size > 0 else None
+        )
+        self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps) if layer_norm_eps else None
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        embeddings = self.word_embeddings(input_ids)  # (batch, seq, hidden)
+        if self.position_embedding_type == "learned":
+            embeddings = embeddings + self.position_embeddings(position_ids)
+        else:
+            embeddings = embeddings + self.position_table[position_ids].to(embeddings.dtype)
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
+            embeddings = embeddings + self.token_type_embeddings(token_type_ids)
+        if self.norm is not None:
+            embeddings = self.norm(embeddings)
+        return self.dropout(embeddings)
+
+
+def self_attention_mask(
+    padding_mask: torch.Tensor | None,
+    query_length: int,
+    past_length: int,
+    is_causal: bool,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """The boolean mask (True = may attend) for SDPA, or None where no mask or `is_causal` suffices.
+
+    padding_mask is (batch, past_length + query_length) with 1 for real tokens and 0 for padding:
+    with a KV cache the keys are the `past_length` cached tokens followed by the new ones.
+    """
+    has_padding = padding_mask is not None and not bool(padding_mask.all())
+    if not is_causal:
+        # (batch, 1, 1, keys) broadcasts over heads and queries
+        return padding_mask.bool()[:, None, None, :] if has_padding else None
+    if not has_padding and (past_length == 0 or query_length == 1):
+        return None
+    key_length = past_length + query_length
+    query_positions = torch.arange(past_length, key_length, device=device)[:, None]
+    key_positions = torch.arange(key_length, device=device)[None, :]
+    mask = (key_positions <= query_positions)[None, None]  # (1, 1, queries, keys)
+    if has_padding:
+        mask = mask & padding_mask.bool()[:, None, None, :]
+        # a left-padded query would see no key at all (a NaN softmax row): let it see itself
+        mask = mask | (key_positions == query_positions)
+    return mask
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention through F.scaled_dot_product_attention, one fused qkv matrix."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        is_causal: bool = False,
+        layer_idx: int = 0,
+    ):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
+        self.dropout = dropout
+        self.is_causal = is_causal
+        self.layer_idx = layer_idx  # where this layer's keys and values live in a KV cache
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.out = nn.Linear(hidden_size, hidden_size)
+        self.out.writes_residual = True  # see EgbertGPTPreTrainedModel._init_weights
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length, hidden = hidden_states.shape
+        qkv = self.qkv(hidden_states).view(batch, length, 3, self.num_heads, self.head_dim)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)  # (.., past+seq, ..)
+        dropout = self.dropout if self.training else 0.0
+        # SDPA's is_causal aligns the mask top-left, which is only right without cached keys
+        is_causal = self.is_causal and attention_mask is None and key.shape[2] == length
+        if output_attentions:
+            context, weights = explicit_attention(
+                query, key, value, attention_mask, is_causal, dropout
+            )
+        else:
+            context = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=is_causal
+            )
+            weights = None
+        context = context.transpose(1, 2).reshape(batch, length, hidden)
+        return self.out(context), weights
+
+
+def explicit_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(QK^T / sqrt(d)) V written out, for when the caller wants the attention weights."""
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])  # (batch, heads, q, k)
+    if is_causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    context = F.dropout(weights, p=dropout) @ value
+    return context, weights
+
+
+class FeedForward(nn.Module):
+    """The position-wise MLP: hidden -> intermediate -> GELU -> hidden."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str):
+        super().__init__()
+        self.up = nn.Linear(hidden_size, intermediate_size)
+        self.activation = ACTIVATIONS[hidden_act]
+        self.down = nn.Linear(intermediate_size, hidden_size)
+        self.down.writes_residual = True  # see EgbertGPTPreTrainedModel._init_weights
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.down(self.activation(self.up(hidden_states)))
+
+
+class TransformerBlock(GradientCheckpointingLayer):
+    """Self-attention and feed-forward, each with dropout and a residual; post-LN or pre-LN.
+
+    post-LN (BERT): x = LN(x + Attn(x)); x = LN(x + FF(x))
+    pre-LN (GPT-2): x = x + Attn(LN(x)); x = x + FF(LN(x))
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        intermediate_size: int,
+        hidden_act: str,
+        hidden_dropout: float,
+        attention_dropout: float,
+        layer_norm_eps: float,
+        pre_layernorm: bool,
+        is_causal: bool = False,
+        layer_idx: int = 0,
+    ):
+        super().__init__()
+        self.pre_layernorm = pre_layernorm
+        self.attention = SelfAttention(
+            hidden_size, num_heads, attention_dropout, is_causal, layer_idx
+        )
+        self.attention_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.feed_forward = FeedForward(hidden_size, intermediate_size, hidden_act)
+        self.feed_forward_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(hidden_dropout)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.pre_layernorm:
+            attended, weights = self.attention(
+                self.attention_norm(hidden_states),
+                attention_mask,
+                past_key_values,
+                output_attentions,
+            )
+            hidden_states = hidden_states + self.dropout(attended)
+            fed = self.feed_forward(self.feed_forward_norm(hidden_states))
+            hidden_states = hidden_states + self.dropout(fed)
+        else:
+            attended, weights = self.attention(
+                hidden_states, attention_mask, past_key_values, output_attentions
+            )
+            hidden_states = self.attention_norm(hidden_states + self.dropout(attended))
+            fed = self.feed_forward(hidden_states)
+            hidden_states = self.feed_forward_norm(hidden_states + self.dropout(fed))
+        return hidden_states, weights
+
+
+def check_transformer_config(config) -> None:
+    """Raise ConfigError for the invariants every egbert transformer config must hold."""
+    name = type(config).__name__
+    if config.hidden_size % config.num_attention_heads != 0:
+        raise ConfigError(
+            f"{name}: hidden_size ({config.hidden_size}) must be divisible by "
+            f"num_attention_heads ({config.num_attention_heads}); change one of them"
+        )
+    if config.hidden_act not in ACTIVATIONS:
+        raise ConfigError(
+            f"{name}: hidden_act {config.hidden_act!r} is not supported; "
+            f"use one of {list(ACTIVATIONS)}"
+        )
+    if config.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+        raise ConfigError(
+            f"{name}: position_embedding_type {config.position_embedding_type!r} is not supported; "
+            f"use one of {list(POSITION_EMBEDDING_TYPES)}"
+        )
+
+
+def check_sequence_length(length: int, max_position_embeddings: int) -> None:
+    """Raise DataError for an input longer than the model has positions for."""
+    if length > max_position_embeddings:
+        raise DataError(
+            f"a sequence of {length} tokens is longer than the model's max_position_embeddings "
+            f"({max_position_embeddings}); truncate the input (e.g. tokenizer truncation=True, "
+            f"max_length={max_position_embeddings})"
+        )
+
+
+@torch.no_grad()
+def init_transformer_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation: normal(0, std) weights, zero biases, unit LayerNorms.
+
+    Uses transformers.initialization so that weights loaded by from_pretrained are left alone.
+    """
+    if isinstance(module, nn.Linear):
+        init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        init.normal_(module.weight, mean=0.0, std=std)
+    elif isinstance(module, nn.LayerNorm):
+        init.ones_(module.weight)
+        init.zeros_(module.bias)
+    elif isinstance(module, Embeddings) and module.position_embedding_type == "sinusoidal":
+        table = module.position_table
+        init.copy_(table, sinusoidal_position_table(*table.shape).to(table.device))

@@ -1,0 +1,244 @@
+"""The egbert BERT encoder: saving/loading, padding, heads, losses, config checks, fill-mask."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForPreTraining,
+    AutoTokenizer,
+    pipeline,
+)
+
+from egbert.errors import ConfigError, DataError
+from egbert.models.bert import (
+    EgbertBertConfig,
+    EgbertBertForMaskedLM,
+    EgbertBertForPreTraining,
+    EgbertBertModel,
+)
+
+CONFIGS = Path(__file__).resolve().parents[1] / "egbert" / "configs"
+VARIANTS = [
+    {},
+    {"position_embedding_type": "sinusoidal"},
+    {"pre_layernorm": True},
+]
+
+
+def tiny_config(**overrides) -> EgbertBertConfig:
+    settings = dict(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return EgbertBertConfig(**{**settings, **overrides})
+
+
+def random_batch(batch: int = 3, length: int = 12, vocab: int = 100) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(1, vocab, (batch, length), generator=generator)
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, length // 2 :] = 1
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids}
+
+
+def mlm_labels(input_ids: torch.Tensor) -> torch.Tensor:
+    labels = torch.full_like(input_ids, -100)
+    labels[:, 1::4] = input_ids[:, 1::4]
+    return labels
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_save_load_round_trip_and_auto_classes(tmp_path: Path, overrides: dict) -> None:
+    torch.manual_seed(0)
+    model = EgbertBertForPreTraining(tiny_config(**overrides)).eval()
+    batch = random_batch()
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), EgbertBertConfig)
+    loaded = AutoModelForPreTraining.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, EgbertBertForPreTraining)
+    expected, actual = model(**batch), loaded(**batch)
+    torch.testing.assert_close(actual.prediction_logits, expected.prediction_logits)
+    torch.testing.assert_close(actual.seq_relationship_logits, expected.seq_relationship_logits)
+    assert loaded.mlm_head.decoder.weight is loaded.bert.embeddings.word_embeddings.weight
+
+    encoder = AutoModel.from_pretrained(tmp_path).eval()
+    assert isinstance(encoder, EgbertBertModel)
+    torch.testing.assert_close(
+        encoder(**batch).last_hidden_state, model.bert(**batch).last_hidden_state
+    )
+    masked_lm = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    assert isinstance(masked_lm, EgbertBertForMaskedLM)
+    torch.testing.assert_close(masked_lm(**batch).logits, expected.prediction_logits)
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_outputs_do_not_change_with_extra_right_padding(overrides: dict) -> None:
+    torch.manual_seed(0)
+    model = EgbertBertForPreTraining(tiny_config(**overrides)).eval()
+    batch = random_batch(batch=2, length=9)
+    alone = model(**batch, output_hidden_states=True)
+    padded_ids = F.pad(batch["input_ids"], (0, 5), value=0)
+    padded_types = F.pad(batch["token_type_ids"], (0, 5), value=0)
+    attention_mask = (torch.arange(14) < 9).long().expand(2, -1)
+    padded = model(
+        padded_ids, attention_mask, padded_types, output_hidden_states=True, output_attentions=True
+    )
+    for expected, actual in zip(alone.hidden_states, padded.hidden_states, strict=True):
+        torch.testing.assert_close(actual[:, :9], expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        padded.prediction_logits[:, :9], alone.prediction_logits, atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        padded.seq_relationship_logits, alone.seq_relationship_logits, atol=1e-5, rtol=0
+    )
+    for weights in padded.attentions:
+        assert weights[..., 9:].abs().max() == 0  # padded keys get no attention
+
+
+def test_hidden_states_and_attentions_follow_the_transformers_convention() -> None:
+    torch.manual_seed(0)
+    model = EgbertBertModel(tiny_config()).eval()
+    batch = random_batch()
+    output = model(**batch, output_hidden_states=True, output_attentions=True)
+    assert len(output.hidden_states) == 3  # embeddings + one per layer
+    position_ids = torch.arange(12)[None]
+    embeddings = model.embeddings(batch["input_ids"], position_ids, batch["token_type_ids"])
+    torch.testing.assert_close(output.hidden_states[0], embeddings)
+    assert output.hidden_states[-1] is output.last_hidden_state
+    assert len(output.attentions) == 2 and output.attentions[0].shape == (3, 4, 12, 12)
+    torch.testing.assert_close(output.attentions[0].sum(-1), torch.ones(3, 4, 12))
+    plain = model(**batch)
+    assert plain.hidden_states is None and plain.attentions is None
+    torch.testing.assert_close(plain.last_hidden_state, output.last_hidden_state)
+    assert isinstance(model(**batch, return_dict=False), tuple)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_sparse_mlm_logits_give_the_dense_loss_and_gradients(label_smoothing: float) -> None:
+    batch = random_batch()
+    labels = mlm_labels(batch["input_ids"])
+    losses, gradients = [], []
+    for sparse in (False, True):
+        torch.manual_seed(0)
+        config = tiny_config(sparse_mlm_logits=sparse, label_smoothing=label_smoothing)
+        model = EgbertBertForMaskedLM(config)
+        output = model(**batch, labels=labels)
+        output.loss.backward()
+        losses.append(output.loss)
+        gradients.append(model.mlm_head.dense.weight.grad)
+        if sparse:
+            assert output.logits.shape == (int((labels != -100).sum()), 100)
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(gradients[1], gradients[0], atol=1e-6, rtol=0)
+
+
+def test_mlm_loss_uses_label_smoothing_and_ignores_unlabelled_positions() -> None:
+    torch.manual_seed(0)
+    model = EgbertBertForMaskedLM(tiny_config(label_smoothing=0.1)).eval()
+    batch = random_batch()
+    labels = mlm_labels(batch["input_ids"])
+    output = model(**batch, labels=labels)
+    selected = labels != -100
+    expected = F.cross_entropy(output.logits[selected], labels[selected], label_smoothing=0.1)
+    torch.testing.assert_close(output.loss, expected)
+    unsmoothed = F.cross_entropy(output.logits[selected], labels[selected])
+    assert not torch.allclose(output.loss, unsmoothed)
+
+
+def test_pretraining_loss_is_the_sum_of_mlm_and_nsp() -> None:
+    torch.manual_seed(0)
+    model = EgbertBertForPreTraining(tiny_config()).eval()
+    batch = random_batch()
+    labels = mlm_labels(batch["input_ids"])
+    next_sentence = torch.tensor([0, 1, 0])
+    output = model(**batch, labels=labels, next_sentence_label=next_sentence)
+    nsp = F.cross_entropy(output.seq_relationship_logits, next_sentence)
+    mlm = F.cross_entropy(output.prediction_logits.reshape(-1, 100), labels.reshape(-1))
+    torch.testing.assert_close(output.nsp_loss, nsp)
+    torch.testing.assert_close(output.mlm_loss, mlm)
+    torch.testing.assert_close(output.loss, mlm + nsp)
+    only_mlm = model(**batch, labels=labels)
+    assert only_mlm.nsp_loss is None
+    torch.testing.assert_close(only_mlm.loss, mlm)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients() -> None:
+    batch = random_batch()
+    labels = mlm_labels(batch["input_ids"])
+    gradients = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = EgbertBertForPreTraining(tiny_config()).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+            assert model.bert.layers[0].gradient_checkpointing
+        model(**batch, labels=labels, next_sentence_label=torch.tensor([0, 1, 1])).loss.backward()
+        gradients.append(model.bert.layers[0].attention.qkv.weight.grad)
+    torch.testing.assert_close(gradients[1], gradients[0])
+
+
+def test_weights_are_initialised_as_bert() -> None:
+    torch.manual_seed(0)
+    model = EgbertBertForPreTraining(tiny_config(hidden_size=256, intermediate_size=512))
+    layer = model.bert.layers[0]
+    assert abs(layer.feed_forward.up.weight.std().item() - 0.02) < 0.002
+    assert layer.feed_forward.up.bias.abs().max() == 0
+    assert torch.equal(layer.attention_norm.weight, torch.ones(256))
+    assert model.mlm_head.decoder.bias.abs().max() == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"hidden_size": 30, "num_attention_heads": 4}, "num_attention_heads"),
+        ({"hidden_act": "swish"}, "hidden_act"),
+        ({"position_embedding_type": "rotary"}, "position_embedding_type"),
+    ],
+)
+def test_invalid_configs_raise_config_error(overrides: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        tiny_config(**overrides)
+
+
+def test_input_longer_than_the_positions_raises_data_error() -> None:
+    model = EgbertBertModel(tiny_config(max_position_embeddings=8)).eval()
+    with pytest.raises(DataError, match="max_position_embeddings"):
+        model(torch.ones(1, 9, dtype=torch.long))
+
+
+@pytest.mark.parametrize("preset", ["tiny", "mini", "small", "base"])
+def test_presets_are_valid_configs(preset: str) -> None:
+    settings = yaml.safe_load((CONFIGS / f"bert-{preset}.yaml").read_text())
+    assert "vocab_size" not in settings
+    config = EgbertBertConfig(vocab_size=1000, **settings)
+    expected = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "base": (12, 768)}[preset]
+    assert (config.num_hidden_layers, config.hidden_size) == expected
+    assert config.intermediate_size == 4 * config.hidden_size
+    assert config.hidden_size // config.num_attention_heads == 64
+
+
+def test_fill_mask_pipeline_runs_on_a_saved_model(minilm_dir: Path, tmp_path: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
+    torch.manual_seed(0)
+    EgbertBertForMaskedLM(tiny_config(vocab_size=len(tokenizer))).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    fill_mask = pipeline("fill-mask", model=str(tmp_path))
+    predictions = fill_mask(f"Paris is the {tokenizer.mask_token} of France.")
+    assert len(predictions) == 5
+    assert all(isinstance(prediction["token_str"], str) for prediction in predictions)

@@ -1,0 +1,218 @@
+"""Stock transformers BERT / GPT-2 <-> egbert: same outputs, exact round trips, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
+
+from egbert.cli import main as cli
+from egbert.errors import CheckpointError
+from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining, EgbertBertModel
+from egbert.models.convert import (
+    bert_from_transformers,
+    bert_to_transformers,
+    convert_checkpoint,
+    gpt2_from_transformers,
+    gpt2_to_transformers,
+)
+from egbert.models.gpt import EgbertGPTForCausalLM
+
+TOLERANCE = dict(atol=1e-5, rtol=0)
+TINY_BERT = dict(
+    vocab_size=120,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+# initializer_range above GPT-2's 0.02 so that the context, not just the last token, decides
+TINY_GPT2 = dict(
+    vocab_size=120, n_embd=32, n_layer=2, n_head=4, n_positions=64, initializer_range=0.2
+)
+
+
+def padded_batch(vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows: a full one and one with 4 positions of right padding."""
+    ids = torch.randint(1, vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, 7:] = 0
+    ids[1, 7:] = 0
+    return ids, attention_mask
+
+
+def assert_close_where_real(actual, expected, attention_mask) -> None:
+    real = attention_mask.bool()
+    torch.testing.assert_close(actual[real], expected[real], **TOLERANCE)
+
+
+def assert_same_state_dict(original: torch.nn.Module, round_trip: torch.nn.Module) -> None:
+    expected, actual = original.state_dict(), round_trip.state_dict()
+    assert actual.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+
+
+def compare_bert(stock, egbert, ids, attention_mask) -> None:
+    kwargs = dict(attention_mask=attention_mask, output_hidden_states=True)
+    with torch.no_grad():
+        expected, actual = stock(ids, **kwargs), egbert(ids, **kwargs)
+    assert len(actual.hidden_states) == len(expected.hidden_states)
+    for mine, theirs in zip(actual.hidden_states, expected.hidden_states, strict=True):
+        assert_close_where_real(mine, theirs, attention_mask)
+    return expected, actual
+
+
+def compare_gpt2(stock, egbert, ids, attention_mask) -> None:
+    kwargs = dict(attention_mask=attention_mask, output_hidden_states=True)
+    with torch.no_grad():
+        expected, actual = stock(ids, **kwargs), egbert(ids, **kwargs)
+    assert len(actual.hidden_states) == len(expected.hidden_states)
+    for mine, theirs in zip(actual.hidden_states, expected.hidden_states, strict=True):
+        assert_close_where_real(mine, theirs, attention_mask)
+    assert_close_where_real(actual.logits, expected.logits, attention_mask)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_random_bert_for_pretraining_matches_after_conversion(padded: bool) -> None:
+    torch.manual_seed(0)
+    stock = BertForPreTraining(BertConfig(**TINY_BERT)).eval()
+    egbert = bert_from_transformers(stock)
+    assert isinstance(egbert, EgbertBertForPreTraining)
+    assert egbert.mlm_head.decoder.weight is egbert.bert.embeddings.word_embeddings.weight
+    ids, attention_mask = padded_batch(120)
+    if not padded:
+        attention_mask = torch.ones_like(ids)
+    expected, actual = compare_bert(stock, egbert, ids, attention_mask)
+    assert_close_where_real(actual.prediction_logits, expected.prediction_logits, attention_mask)
+    torch.testing.assert_close(
+        actual.seq_relationship_logits, expected.seq_relationship_logits, **TOLERANCE
+    )
+    assert_same_state_dict(stock, bert_to_transformers(egbert))
+
+
+def test_random_bert_for_masked_lm_round_trips() -> None:
+    torch.manual_seed(0)
+    stock = BertForMaskedLM(BertConfig(**TINY_BERT)).eval()
+    egbert = bert_from_transformers(stock)
+    ids, attention_mask = padded_batch(120)
+    expected, actual = compare_bert(stock, egbert, ids, attention_mask)
+    assert_close_where_real(actual.logits, expected.logits, attention_mask)
+    round_trip = bert_to_transformers(egbert)
+    assert isinstance(round_trip, BertForMaskedLM)
+    assert_same_state_dict(stock, round_trip)
+
+
+def test_minilm_matches_after_conversion(minilm_dir: Path) -> None:
+    stock = BertModel.from_pretrained(minilm_dir).eval()
+    egbert = bert_from_transformers(stock)
+    assert isinstance(egbert, EgbertBertModel)
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
+    batch = tokenizer(
+        ["A man is playing a guitar on the stage.", "Hello!"], padding=True, return_tensors="pt"
+    )
+    assert not batch["attention_mask"].all()  # the second sentence is padded
+    with torch.no_grad():
+        expected = stock(**batch, output_hidden_states=True)
+        actual = egbert(**batch, output_hidden_states=True)
+    for mine, theirs in zip(actual.hidden_states, expected.hidden_states, strict=True):
+        assert_close_where_real(mine, theirs, batch["attention_mask"])
+    torch.testing.assert_close(actual.pooler_output, expected.pooler_output, **TOLERANCE)
+    assert_same_state_dict(stock, bert_to_transformers(egbert))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_random_gpt2_matches_after_conversion(padded: bool) -> None:
+    torch.manual_seed(0)
+    stock = GPT2LMHeadModel(GPT2Config(**TINY_GPT2, bos_token_id=0, eos_token_id=0)).eval()
+    egbert = gpt2_from_transformers(stock)
+    assert isinstance(egbert, EgbertGPTForCausalLM)
+    assert egbert.lm_head.weight is egbert.gpt.embeddings.word_embeddings.weight
+    ids, attention_mask = padded_batch(120)
+    if not padded:
+        attention_mask = torch.ones_like(ids)
+    compare_gpt2(stock, egbert, ids, attention_mask)
+    assert_same_state_dict(stock, gpt2_to_transformers(egbert))
+
+
+def test_tiny_gpt2_matches_and_generates_the_same_tokens(tiny_gpt2_dir: Path) -> None:
+    stock = GPT2LMHeadModel.from_pretrained(tiny_gpt2_dir).eval()
+    egbert = gpt2_from_transformers(stock)
+    ids, attention_mask = padded_batch(50257)
+    compare_gpt2(stock, egbert, ids, attention_mask)
+    assert_same_state_dict(stock, gpt2_to_transformers(egbert))
+    prompt = ids[:1, :5]
+    options = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False)
+    assert torch.equal(egbert.generate(prompt, **options), stock.generate(prompt, **options))
+
+
+def test_random_gpt2_greedy_generate_matches_on_a_left_padded_batch() -> None:
+    torch.manual_seed(0)
+    stock = GPT2LMHeadModel(GPT2Config(**TINY_GPT2, bos_token_id=0, eos_token_id=0)).eval()
+    egbert = gpt2_from_transformers(stock)
+    ids = torch.randint(1, 120, (2, 6), generator=torch.Generator().manual_seed(1))
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, :2] = 0
+    options = dict(attention_mask=attention_mask, max_new_tokens=12, do_sample=False)
+    options["pad_token_id"] = 0
+    assert torch.equal(egbert.generate(ids, **options), stock.generate(ids, **options))
+
+
+def test_cli_converts_a_checkpoint_and_back(minilm_dir: Path, tmp_path: Path) -> None:
+    egbert_dir, stock_dir = tmp_path / "egbert", tmp_path / "stock"
+    cli(["convert", "--from", str(minilm_dir), "--to", str(egbert_dir)])
+    assert json.loads((egbert_dir / "config.json").read_text())["model_type"] == "egbert-bert"
+    assert (egbert_dir / "vocab.txt").is_file()
+    assert AutoTokenizer.from_pretrained(egbert_dir).mask_token == "[MASK]"
+
+    cli(["convert", "--from", str(egbert_dir), "--to", str(stock_dir), "--to-transformers"])
+    stock_config = (stock_dir / "config.json").read_text()
+    assert "egbert" not in stock_config and json.loads(stock_config)["model_type"] == "bert"
+    assert_same_state_dict(
+        BertModel.from_pretrained(minilm_dir), BertModel.from_pretrained(stock_dir)
+    )
+
+
+def test_egbert_pretraining_checkpoint_converts_to_stock(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    config = EgbertBertConfig(**TINY_BERT, hidden_dropout_prob=0.0)
+    EgbertBertForPreTraining(config).save_pretrained(tmp_path / "egbert")
+    stock = convert_checkpoint(tmp_path / "egbert", tmp_path / "stock", to_transformers=True)
+    assert isinstance(stock, BertForPreTraining)
+    assert isinstance(BertForPreTraining.from_pretrained(tmp_path / "stock"), BertForPreTraining)
+
+
+def test_pre_layernorm_bert_cannot_become_stock_bert(tmp_path: Path) -> None:
+    config = EgbertBertConfig(**TINY_BERT, pre_layernorm=True)
+    EgbertBertModel(config).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="pre_layernorm"):
+        convert_checkpoint(tmp_path, tmp_path / "out", to_transformers=True)
+
+
+def test_a_directory_that_is_neither_gets_a_checkpoint_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="no config.json"):
+        convert_checkpoint(tmp_path, tmp_path / "out")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    with pytest.raises(CheckpointError, match="'t5'.*accepts"):
+        convert_checkpoint(tmp_path, tmp_path / "out")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["RobertaModel"]}))
+    with pytest.raises(CheckpointError, match="RobertaModel.*BertForPreTraining"):
+        convert_checkpoint(tmp_path, tmp_path / "out")
+
+
+def test_egbert_checkpoint_without_the_flag_gets_a_hint(tmp_path: Path) -> None:
+    EgbertBertModel(EgbertBertConfig(**TINY_BERT)).save_pretrained(tmp_path)
+    with pytest.raises(SystemExit, match="--to-transformers"):
+        cli(["convert", "--from", str(tmp_path), "--to", str(tmp_path / "out")])

@@ -1,0 +1,201 @@
+"""The egbert GPT decoder: saving/loading, padding, KV cache, generate(), loss, text-generation."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, pipeline
+
+from egbert.errors import ConfigError
+from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM, EgbertGPTModel
+
+CONFIGS = Path(__file__).resolve().parents[1] / "egbert" / "configs"
+
+
+def tiny_config(**overrides) -> EgbertGPTConfig:
+    settings = dict(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=0,
+        eos_token_id=0,
+        bos_token_id=0,
+        # larger than GPT-2's 0.02 so that the context, not just the last token, decides the output
+        initializer_range=0.2,
+    )
+    return EgbertGPTConfig(**{**settings, **overrides})
+
+
+def tiny_model(**overrides) -> EgbertGPTForCausalLM:
+    torch.manual_seed(0)
+    return EgbertGPTForCausalLM(tiny_config(**overrides)).eval()
+
+
+def random_ids(batch: int = 2, length: int = 10) -> torch.Tensor:
+    return torch.randint(1, 100, (batch, length), generator=torch.Generator().manual_seed(0))
+
+
+def greedy_without_cache(
+    model: EgbertGPTForCausalLM, ids: torch.Tensor, steps: int
+) -> torch.Tensor:
+    for _ in range(steps):
+        next_token = model(ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, next_token], dim=1)
+    return ids
+
+
+@pytest.mark.parametrize("position_embedding_type", ["learned", "sinusoidal"])
+def test_save_load_round_trip_and_auto_classes(tmp_path: Path, position_embedding_type) -> None:
+    model = tiny_model(position_embedding_type=position_embedding_type)
+    ids = random_ids()
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), EgbertGPTConfig)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, EgbertGPTForCausalLM)
+    assert loaded.lm_head.weight is loaded.gpt.embeddings.word_embeddings.weight
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+    decoder = AutoModel.from_pretrained(tmp_path).eval()
+    assert isinstance(decoder, EgbertGPTModel)
+    torch.testing.assert_close(decoder(ids).last_hidden_state, model.gpt(ids).last_hidden_state)
+
+
+def test_outputs_do_not_change_with_extra_right_padding() -> None:
+    model = tiny_model()
+    ids = random_ids(length=7)
+    alone = model(ids, output_hidden_states=True)
+    padded_ids = F.pad(ids, (0, 4), value=0)
+    attention_mask = (torch.arange(11) < 7).long().expand(2, -1)
+    padded = model(padded_ids, attention_mask, output_hidden_states=True)
+    for expected, actual in zip(alone.hidden_states, padded.hidden_states, strict=True):
+        torch.testing.assert_close(actual[:, :7], expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(padded.logits[:, :7], alone.logits, atol=1e-5, rtol=0)
+
+
+def test_attention_is_causal() -> None:
+    model = tiny_model()
+    ids = random_ids()
+    changed = ids.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % 100
+    torch.testing.assert_close(model(changed).logits[:, :6], model(ids).logits[:, :6])
+    weights = model(ids, output_attentions=True).attentions[0]
+    assert weights.triu(diagonal=1).abs().max() == 0
+    torch.testing.assert_close(
+        model(ids, output_attentions=True).logits, model(ids).logits, atol=1e-5, rtol=0
+    )
+
+
+def test_hidden_states_follow_the_gpt2_convention() -> None:
+    model = tiny_model()
+    output = model.gpt(random_ids(), output_hidden_states=True)
+    assert len(output.hidden_states) == 3  # embeddings + one per layer
+    # as GPT2Model: the last entry is after the final LayerNorm
+    assert output.hidden_states[-1] is output.last_hidden_state
+
+
+def test_kv_cache_matches_a_full_forward() -> None:
+    model = tiny_model()
+    ids = random_ids(length=12)
+    full = model(ids, use_cache=False).logits
+    prefix = model(ids[:, :8], use_cache=True)
+    rest = model(ids[:, 8:], past_key_values=prefix.past_key_values, use_cache=True)
+    torch.testing.assert_close(rest.logits, full[:, 8:], atol=1e-5, rtol=0)
+    step = model(ids[:, :11], use_cache=True)
+    last = model(ids[:, 11:], past_key_values=step.past_key_values, use_cache=True)
+    torch.testing.assert_close(last.logits[:, 0], full[:, 11], atol=1e-5, rtol=0)
+
+
+def test_greedy_generate_with_cache_equals_a_loop_without() -> None:
+    model = tiny_model()
+    ids = random_ids(length=5)
+    generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10)
+    assert torch.equal(generated, greedy_without_cache(model, ids, 10))
+
+
+def test_left_padded_batch_generates_as_each_prompt_alone() -> None:
+    model = tiny_model()
+    long_prompt, short_prompt = (
+        random_ids(batch=1, length=6),
+        random_ids(batch=1, length=3) % 99 + 1,
+    )
+    batch = torch.cat([long_prompt, F.pad(short_prompt, (3, 0), value=0)])
+    attention_mask = torch.tensor([[1] * 6, [0] * 3 + [1] * 3])
+    generated = model.generate(batch, attention_mask=attention_mask, max_new_tokens=6)
+    for row, prompt in ((0, long_prompt), (1, short_prompt)):
+        alone = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6)
+        assert torch.equal(generated[row, -6:], alone[0, -6:])
+
+
+def test_sampling_is_reproducible_with_a_seed() -> None:
+    model = tiny_model()
+    ids = random_ids(batch=1, length=4)
+    options = dict(attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=True)
+    runs = []
+    for seed in (1, 1, 2):
+        torch.manual_seed(seed)
+        runs.append(model.generate(ids, temperature=2.0, top_k=50, top_p=0.95, **options))
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])
+
+
+def test_loss_shifts_labels_and_ignores_minus_100() -> None:
+    model = tiny_model(label_smoothing=0.1)
+    ids = random_ids()
+    labels = ids.clone()
+    labels[:, -3:] = -100
+    output = model(ids, labels=labels)
+    expected = F.cross_entropy(
+        output.logits[:, :-4].reshape(-1, 100), ids[:, 1:-3].reshape(-1), label_smoothing=0.1
+    )
+    torch.testing.assert_close(output.loss, expected)
+
+
+def test_residual_projections_get_the_scaled_gpt2_init() -> None:
+    model = tiny_model(
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=8, initializer_range=0.02
+    )
+    layer = model.gpt.layers[0]
+    scaled = 0.02 / math.sqrt(2 * 8)
+    assert abs(layer.attention.out.weight.std().item() - scaled) < 0.1 * scaled
+    assert abs(layer.feed_forward.down.weight.std().item() - scaled) < 0.1 * scaled
+    assert abs(layer.attention.qkv.weight.std().item() - 0.02) < 0.002
+
+
+def test_hidden_size_must_divide_into_heads() -> None:
+    with pytest.raises(ConfigError, match="num_attention_heads"):
+        tiny_config(hidden_size=30)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "mini", "small", "base"])
+def test_presets_are_valid_configs(preset: str) -> None:
+    settings = yaml.safe_load((CONFIGS / f"gpt-{preset}.yaml").read_text())
+    assert "vocab_size" not in settings
+    config = EgbertGPTConfig(vocab_size=1000, **settings)
+    expected = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "base": (12, 768)}[preset]
+    assert (config.num_hidden_layers, config.hidden_size) == expected
+    assert config.intermediate_size == 4 * config.hidden_size
+
+
+def test_text_generation_pipeline_runs_on_a_saved_model(tiny_gpt2_dir: Path, tmp_path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    model = tiny_model(
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    generator = pipeline("text-generation", model=str(tmp_path))
+    result = generator("Hello world", max_new_tokens=5, do_sample=False)
+    assert result[0]["generated_text"].startswith("Hello world")

@@ -1,0 +1,281 @@
+"""Sequence classification heads over bert, gpt and elmo: every feature/pool setting, the
+features computed by hand, frozen backbones, regression, pretrained weights and Auto classes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForSequenceClassification
+
+from egbert.errors import ConfigError
+from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
+from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
+from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.models.heads import (
+    CLASSIFIER_FEATURES,
+    CLASSIFIER_POOLS,
+    EgbertBertForSequenceClassification,
+    EgbertElmoForSequenceClassification,
+    EgbertGPTForSequenceClassification,
+)
+
+VOCAB = 100
+FAMILIES = ("bert", "gpt", "elmo")
+CLASSIFIERS = {
+    "bert": EgbertBertForSequenceClassification,
+    "gpt": EgbertGPTForSequenceClassification,
+    "elmo": EgbertElmoForSequenceClassification,
+}
+PRETRAINING_MODELS = {
+    "bert": EgbertBertForPreTraining,
+    "gpt": EgbertGPTForCausalLM,
+    "elmo": EgbertElmoForBidirectionalLM,
+}
+ENTRY_SIZE = {"bert": 32, "gpt": 32, "elmo": 2 * 16}  # width of one hidden_states entry
+
+
+def tiny_config(family: str, num_hidden_layers: int = 3, **head_options):
+    if family == "elmo":
+        return EgbertElmoConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            cell_size=32,
+            num_hidden_layers=num_hidden_layers,
+            **head_options,
+        )
+    config_class = EgbertBertConfig if family == "bert" else EgbertGPTConfig
+    return config_class(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        **head_options,
+    )
+
+
+def tiny_classifier(family: str, seed: int = 0, **head_options):
+    torch.manual_seed(seed)
+    return CLASSIFIERS[family](tiny_config(family, **head_options)).eval()
+
+
+def padded_batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two sentences of 7 and 4 tokens, the second right-padded with junk ids."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, VOCAB, (2, 7), generator=generator)
+    attention_mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    return input_ids, attention_mask
+
+
+def pooled_by_hand(family: str, pool: str, states: torch.Tensor, lengths: list[int]):
+    """One vector per row, written out position by position."""
+    rows = []
+    for row, length in enumerate(lengths):
+        tokens = states[row, :length]
+        if pool == "mean":
+            rows.append(tokens.mean(dim=0))
+        elif family == "bert":
+            rows.append(tokens[0])
+        elif family == "gpt":
+            rows.append(tokens[-1])
+        else:
+            half = tokens.size(-1) // 2
+            rows.append(torch.cat([tokens[-1, :half], tokens[0, half:]]))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("features", CLASSIFIER_FEATURES)
+@pytest.mark.parametrize("pool", CLASSIFIER_POOLS)
+def test_every_feature_and_pool_gives_one_logit_row_per_sentence(family, features, pool):
+    model = tiny_classifier(
+        family, num_labels=3, classifier_features=features, classifier_pool=pool
+    )
+    input_ids, attention_mask = padded_batch()
+    out = model(input_ids, attention_mask, labels=torch.tensor([0, 2]))
+
+    expected_width = ENTRY_SIZE[family] * (4 if features == "last4-concat" else 1)
+    assert model.classifier.in_features == expected_width
+    assert out.logits.shape == (2, 3)
+    assert torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("pool", CLASSIFIER_POOLS)
+def test_last4_concat_is_the_pooled_last_four_layers_top_first(family, pool):
+    model = tiny_classifier(family, classifier_features="last4-concat", classifier_pool=pool)
+    input_ids, attention_mask = padded_batch()
+    with torch.no_grad():
+        logits = model(input_ids, attention_mask).logits
+        hidden_states = model.base_model(
+            input_ids, attention_mask=attention_mask, output_hidden_states=True
+        ).hidden_states
+        by_hand = torch.cat(
+            [pooled_by_hand(family, pool, hidden_states[-k], [7, 4]) for k in (1, 2, 3, 4)], -1
+        )
+        torch.testing.assert_close(logits, model.classifier(by_hand))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cls_features_are_each_familys_sentence_summary(family):
+    model = tiny_classifier(family)
+    input_ids, attention_mask = padded_batch()
+    with torch.no_grad():
+        out = model.base_model(input_ids, attention_mask=attention_mask)
+        if family == "bert":
+            expected = out.pooler_output
+        else:
+            expected = pooled_by_hand(family, "cls", out.last_hidden_state, [7, 4])
+        torch.testing.assert_close(
+            model(input_ids, attention_mask).logits, model.classifier(expected)
+        )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("features", CLASSIFIER_FEATURES)
+@pytest.mark.parametrize("pool", CLASSIFIER_POOLS)
+def test_a_sentence_gets_the_same_logits_alone_and_padded(family, features, pool):
+    model = tiny_classifier(family, classifier_features=features, classifier_pool=pool)
+    input_ids, attention_mask = padded_batch()
+    with torch.no_grad():
+        batched = model(input_ids, attention_mask).logits
+        alone = model(input_ids[1:, :4]).logits
+    torch.testing.assert_close(batched[1:], alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scalar_mix_weights_layers_by_softmax_times_gamma(family):
+    model = tiny_classifier(family, classifier_features="scalar-mix", classifier_pool="mean")
+    input_ids, attention_mask = padded_batch()
+    with torch.no_grad():
+        hidden_states = model.base_model(
+            input_ids, attention_mask=attention_mask, output_hidden_states=True
+        ).hidden_states
+        pooled = [pooled_by_hand(family, "mean", states, [7, 4]) for states in hidden_states]
+        average = torch.stack(pooled).mean(dim=0)
+        torch.testing.assert_close(
+            model(input_ids, attention_mask).logits, model.classifier(average)
+        )
+
+        model.scalar_mix.layer_weights.copy_(torch.tensor([0.0, 1.0, 2.0, 3.0]))
+        model.scalar_mix.gamma.fill_(2.5)
+        weights = torch.tensor([0.0, 1.0, 2.0, 3.0]).softmax(0)
+        mixed = 2.5 * sum(w * p for w, p in zip(weights, pooled, strict=True))
+        torch.testing.assert_close(model(input_ids, attention_mask).logits, model.classifier(mixed))
+
+
+def test_last4_uses_every_entry_when_the_model_has_fewer():
+    model = CLASSIFIERS["elmo"](
+        tiny_config("elmo", num_hidden_layers=2, classifier_features="last4-concat")
+    )
+    assert model.classifier.in_features == 3 * ENTRY_SIZE["elmo"]
+
+
+def one_adam_step(model, input_ids, attention_mask) -> None:
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    loss = model(input_ids, attention_mask, labels=torch.tensor([0, 1])).loss
+    loss.backward()
+    optimizer.step()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("frozen", [True, False])
+def test_freeze_backbone_trains_the_head_alone(family, frozen):
+    model = tiny_classifier(family, classifier_features="scalar-mix", freeze_backbone=frozen)
+    model.train()
+    backbone_before = {k: v.clone() for k, v in model.base_model.state_dict().items()}
+    head_before = model.classifier.weight.clone()
+    mix_before = model.scalar_mix.layer_weights.clone()
+
+    one_adam_step(model, *padded_batch())
+
+    backbone_same = all(
+        torch.equal(value, backbone_before[key])
+        for key, value in model.base_model.state_dict().items()
+    )
+    assert backbone_same is frozen
+    assert model.base_model.training is not frozen  # no dropout in a frozen backbone
+    assert all(p.requires_grad is not frozen for p in model.base_model.parameters())
+    assert not torch.equal(model.classifier.weight, head_before)
+    assert not torch.equal(model.scalar_mix.layer_weights, mix_before)
+
+
+def test_regression_with_one_label_uses_mean_squared_error():
+    model = tiny_classifier("bert", num_labels=1)
+    input_ids, attention_mask = padded_batch()
+    labels = torch.tensor([0.5, 3.0])
+    with torch.no_grad():
+        out = model(input_ids, attention_mask, labels=labels)
+    assert out.logits.shape == (2, 1)
+    torch.testing.assert_close(out.loss, F.mse_loss(out.logits[:, 0], labels))
+
+
+def test_classification_loss_uses_the_configs_label_smoothing():
+    model = tiny_classifier("gpt", num_labels=3, label_smoothing=0.1)
+    input_ids, attention_mask = padded_batch()
+    labels = torch.tensor([2, 0])
+    with torch.no_grad():
+        out = model(input_ids, attention_mask, labels=labels)
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits, labels, label_smoothing=0.1))
+    assert not torch.allclose(out.loss, F.cross_entropy(out.logits, labels))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("source", ["pretraining", "base"])
+def test_a_classifier_loads_the_backbone_of_a_saved_pretrained_model(family, source, tmp_path):
+    torch.manual_seed(3)
+    config = tiny_config(family)
+    pretrained = PRETRAINING_MODELS[family](config)
+    backbone = pretrained.base_model
+    (backbone if source == "base" else pretrained).save_pretrained(tmp_path)
+
+    model = CLASSIFIERS[family].from_pretrained(
+        tmp_path, num_labels=3, classifier_features="last4-concat", freeze_backbone=True
+    )
+    loaded = model.base_model.state_dict()
+    assert loaded.keys() == backbone.state_dict().keys()
+    for name, tensor in backbone.state_dict().items():
+        torch.testing.assert_close(loaded[name], tensor, rtol=0, atol=0, msg=name)
+    assert model.config.num_labels == 3
+    assert model.config.classifier_features == "last4-concat"
+    assert not any(p.requires_grad for p in model.base_model.parameters())
+    assert model.classifier.weight.requires_grad
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_auto_class_dispatches_from_config_and_from_a_saved_classifier(family, tmp_path):
+    config = tiny_config(family, num_labels=4, classifier_features="scalar-mix")
+    model = AutoModelForSequenceClassification.from_config(config)
+    assert type(model) is CLASSIFIERS[family]
+    with torch.no_grad():
+        model.scalar_mix.layer_weights.copy_(torch.tensor([0.3, -1.0, 2.0, 0.5]))
+    model.save_pretrained(tmp_path)
+
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path)
+    assert type(reloaded) is CLASSIFIERS[family]
+    assert reloaded.config.classifier_features == "scalar-mix"
+    input_ids, attention_mask = padded_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            reloaded(input_ids, attention_mask).logits,
+            model.eval()(input_ids, attention_mask).logits,
+        )
+
+
+@pytest.mark.parametrize(
+    ("option", "valid"),
+    [
+        ("classifier_features", "cls, last4-concat, last4-sum, scalar-mix"),
+        ("classifier_pool", "cls, mean"),
+    ],
+)
+def test_unknown_head_options_raise_a_config_error_naming_the_valid_ones(option, valid):
+    with pytest.raises(ConfigError, match=f"{option}='last5'.*{valid}"):
+        tiny_classifier("elmo", **{option: "last5"})
+
+
+def test_an_unknown_keyword_argument_is_refused():
+    with pytest.raises(TypeError, match="classifier_feature"):
+        EgbertElmoForSequenceClassification(tiny_config("elmo"), classifier_feature="cls")
