@@ -1,0 +1,320 @@
+"""`egbert pretrain`: config -> tokenizer, data, model -> the shared trainer.
+
+    egbert pretrain --model bert --preset tiny --tokenizer tok/ --train-files wiki.train.tokens \\
+        --validation-files wiki.valid.tokens --doc-boundary wikitext --output-dir runs/bert-tiny \\
+        --max-steps 1000 --eval-every 200 --save-every 200
+
+The output directory ends up with checkpoints/step-N/, metrics.jsonl, TensorBoard logs, and the
+model (model.safetensors + config.json) and tokenizer, loadable with `from_pretrained`.
+Evaluation reports, per family: bert MLM loss, MLM accuracy and NSP accuracy; gpt loss and
+perplexity; elmo forward, backward and mean perplexity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import set_seed
+from datasets import Dataset, IterableDataset
+from transformers import AutoConfig, PreTrainedModel
+
+from egbert.config import PretrainArguments, load_preset, parse_args
+from egbert.errors import CheckpointError, ConfigError
+from egbert.models.bert import EgbertBertConfig, EgbertBertForMaskedLM, EgbertBertForPreTraining
+from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
+from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.pretrain import data
+from egbert.tokenizer import check_vocab_matches, load_tokenizer
+from egbert.trainer import Trainer, TrainingArguments, TrainOutput
+
+CONFIG_CLASSES = {"bert": EgbertBertConfig, "gpt": EgbertGPTConfig, "elmo": EgbertElmoConfig}
+
+DESCRIPTION = (
+    "Pretrain a bert (MLM + NSP), gpt (causal LM) or elmo (biLM) model on plain-text files. "
+    "Every option can also be set in a YAML/JSON file given with --config."
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    pretrain_args, training_args = parse_args(
+        (PretrainArguments, TrainingArguments),
+        argv,
+        prog="egbert pretrain",
+        description=DESCRIPTION,
+    )
+    pretrain(pretrain_args, training_args)
+
+
+def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> TrainOutput:
+    """Build tokenizer, data and model from the options, train, and return the trainer's result."""
+    tokenizer = load_tokenizer(args.tokenizer)
+    set_seed(training_args.seed)  # the model's initial weights
+    model, preset = build_model(args, tokenizer)
+    check_vocab_matches(tokenizer, model.config.vocab_size, f"the {args.model} model")
+    train_set, collator = build_examples(args, tokenizer, args.train_files, training_args.seed)
+    eval_set, eval_collator = None, None
+    if args.validation_files:
+        # Its own collator: the eval masks stay those of epoch 0, so evaluations compare.
+        eval_set, eval_collator = build_examples(
+            args, tokenizer, args.validation_files, training_args.seed
+        )
+    compute_metrics, finalize_metrics = EVAL_METRICS[args.model]
+    trainer = Trainer(
+        model,
+        training_args,
+        train_set,
+        collator,
+        eval_dataset=eval_set,
+        eval_collator=eval_collator,
+        compute_metrics=compute_metrics,
+        finalize_metrics=finalize_metrics,
+        run_config=run_config(args, preset, tokenizer),
+        tokenizer=tokenizer,
+    )
+    result = trainer.train()
+    if trainer.accelerator.is_main_process:
+        options = {"pretrain": asdict(args), "training": asdict(training_args)}
+        path = Path(training_args.output_dir) / "pretrain_args.json"
+        path.write_text(json.dumps(options, indent=2) + "\n", encoding="utf-8")
+    if not result.interrupted:
+        summary = ", ".join(f"{name} {value:.4g}" for name, value in result.metrics.items())
+        trainer.accelerator.print(
+            f"egbert: {args.model} pretrained for {result.step} steps "
+            f"({result.elapsed_seconds / 60:.1f} min); {summary or 'no validation files'}; "
+            f"model saved in {training_args.output_dir}",
+            flush=True,
+        )
+    return result
+
+
+# ---------------------------------------------------------------- model
+
+
+def build_model(args: PretrainArguments, tokenizer) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """A fresh model of the preset's size (vocab from the tokenizer), or the one in
+    --init-from; returns it with the config kwargs that define it."""
+    if args.init_from:
+        model = _load_existing_model(args)
+        preset = {"init_from": str(Path(args.init_from).resolve())}
+    else:
+        preset = load_preset(args.model, args.preset)
+        config = _model_config(args, preset, tokenizer)
+        model = _model_class(args)(config)
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions is not None and args.seq_len > max_positions:
+        raise ConfigError(
+            f"--seq-len {args.seq_len} is above the model's max_position_embeddings "
+            f"({max_positions}); use --seq-len {max_positions} or less, or a larger preset"
+        )
+    return model, preset
+
+
+def _model_config(args: PretrainArguments, preset: dict[str, Any], tokenizer):
+    ids = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
+    if args.model == "gpt":
+        eos = tokenizer.eos_token_id
+        ids |= {"bos_token_id": eos, "eos_token_id": eos}
+        if ids["pad_token_id"] is None:
+            ids["pad_token_id"] = eos
+    try:
+        return CONFIG_CLASSES[args.model](**{**preset, **ids})
+    except (TypeError, ValueError) as error:
+        message = str(error).splitlines()[0]
+        raise ConfigError(f"--preset {args.preset}: invalid model config: {message}") from None
+
+
+def _model_class(args: PretrainArguments) -> type[PreTrainedModel]:
+    if args.model == "bert":
+        return EgbertBertForPreTraining if args.nsp else EgbertBertForMaskedLM
+    return {"gpt": EgbertGPTForCausalLM, "elmo": EgbertElmoForBidirectionalLM}[args.model]
+
+
+def _load_existing_model(args: PretrainArguments) -> PreTrainedModel:
+    path = Path(args.init_from)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"--init-from {path}: no config.json; pass a saved model directory")
+    config = AutoConfig.from_pretrained(path)
+    expected = CONFIG_CLASSES[args.model].model_type
+    if config.model_type != expected:
+        raise CheckpointError(
+            f"--init-from {path} holds a {config.model_type!r} model, not {expected!r}; "
+            f"pass a {args.model} model or change --model"
+        )
+    return _model_class(args).from_pretrained(path)
+
+
+# ---------------------------------------------------------------- data
+
+
+def build_examples(
+    args: PretrainArguments, tokenizer, files: list[str], seed: int
+) -> tuple[Dataset | IterableDataset, Any]:
+    """Files -> documents -> token ids -> this family's examples, and the collator for them."""
+    _check_special_tokens(args, tokenizer)
+    documents = data.read_documents(
+        files,
+        doc_boundary=args.doc_boundary,
+        encoding=args.encoding,
+        errors=args.encoding_errors,
+        streaming=args.streaming,
+    )
+    tokenized = data.tokenize_documents(
+        documents, tokenizer, split_sentences=args.model == "bert", num_proc=args.num_proc
+    )
+    if args.model != "bert":
+        return data.pack_blocks(tokenized, args.seq_len, tokenizer.eos_token_id), (
+            data.CausalLMCollator(tokenizer)
+        )
+    ids = {"cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id}
+    if args.nsp:
+        examples = data.build_nsp_examples(
+            tokenized,
+            args.seq_len,
+            short_seq_prob=args.short_seq_prob,
+            dupe_factor=args.dupe_factor,
+            seed=seed,
+            num_proc=args.num_proc,
+            **ids,
+        )
+    else:
+        examples = data.build_mlm_examples(tokenized, args.seq_len, **ids)
+    if args.dupe_factor > 1:  # static masks, one set per duplicate, as BERT's original data
+        examples = data.add_static_masks(
+            examples,
+            tokenizer,
+            mlm_probability=args.mlm_probability,
+            whole_word_mask=args.whole_word_mask,
+            seed=seed,
+            num_proc=args.num_proc,
+        )
+    collator = data.MLMCollator(
+        tokenizer,
+        mlm_probability=args.mlm_probability,
+        whole_word_mask=args.whole_word_mask,
+        seed=seed,
+    )
+    return examples, collator
+
+
+def _check_special_tokens(args: PretrainArguments, tokenizer) -> None:
+    needed = ("cls_token", "sep_token", "mask_token", "pad_token")
+    if args.model != "bert":
+        needed = ("eos_token",)  # joins the documents of packed blocks
+    missing = [name for name in needed if getattr(tokenizer, name) is None]
+    if missing:
+        raise ConfigError(
+            f"--tokenizer {args.tokenizer} has no {', '.join(missing)}, which --model "
+            f"{args.model} needs; train one with `egbert tokenizer train`"
+        )
+
+
+def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> dict[str, Any]:
+    """What a resumed run must share with the original: model, tokenizer, data, example shape."""
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
+    return {
+        "model": {"family": args.model, "nsp": args.nsp, **preset},
+        "tokenizer": {
+            "size": len(tokenizer),
+            "vocab_sha256": hashlib.sha256(vocab.encode()).hexdigest()[:16],
+        },
+        "data": {
+            "train_files": _file_identities(args.train_files),
+            "validation_files": _file_identities(args.validation_files),
+            "doc_boundary": args.doc_boundary,
+            "encoding": args.encoding,
+        },
+        "seq_len": args.seq_len,
+        "mlm_probability": args.mlm_probability,
+        "whole_word_mask": args.whole_word_mask,
+        "dupe_factor": args.dupe_factor,
+    }
+
+
+def _file_identities(files: list[str]) -> list[str]:
+    identities = []
+    for name in files:
+        path = Path(name).resolve()
+        size = path.stat().st_size if path.is_file() else "missing"
+        identities.append(f"{path} ({size} bytes)")
+    return identities
+
+
+# ---------------------------------------------------------------- evaluation metrics
+# Each returns {name: (sum, count)} for one batch; the trainer adds them over batches and
+# processes and reports sum / count. Losses are weighted by their number of targets.
+
+
+def bert_metrics(batch: dict[str, torch.Tensor], outputs) -> dict[str, tuple[float, float]]:
+    labels = batch["labels"]
+    masked = labels != -100
+    logits = getattr(outputs, "prediction_logits", None)
+    if logits is None:
+        logits = outputs.logits
+    # sparse_mlm_logits: the logits are already (masked positions, vocab)
+    predicted = logits.argmax(-1) if logits.dim() == 2 else logits.argmax(-1)[masked]
+    n_masked = float(masked.sum())
+    mlm_loss = getattr(outputs, "mlm_loss", None)
+    if mlm_loss is None:
+        mlm_loss = outputs.loss
+    metrics = {
+        "mlm_loss": (mlm_loss.item() * n_masked, n_masked),
+        "mlm_accuracy": (float((predicted == labels[masked]).sum()), n_masked),
+    }
+    if "next_sentence_label" in batch:
+        nsp_labels = batch["next_sentence_label"]
+        nsp_predicted = outputs.seq_relationship_logits.argmax(-1)
+        metrics["nsp_accuracy"] = (float((nsp_predicted == nsp_labels).sum()), len(nsp_labels))
+    return metrics
+
+
+def _targets(batch: dict[str, torch.Tensor]) -> float:
+    """Next-token targets: positions whose label and whose predecessor are real tokens."""
+    real = batch["labels"] != -100
+    return float((real[:, 1:] & real[:, :-1]).sum())
+
+
+def gpt_metrics(batch: dict[str, torch.Tensor], outputs) -> dict[str, tuple[float, float]]:
+    targets = _targets(batch)
+    return {"loss": (outputs.loss.item() * targets, targets)}
+
+
+def elmo_metrics(batch: dict[str, torch.Tensor], outputs) -> dict[str, tuple[float, float]]:
+    targets = _targets(batch)  # the same pairs serve both directions
+    return {
+        "loss": (outputs.loss.item() * targets, targets),
+        "forward_loss": (outputs.forward_loss.item() * targets, targets),
+        "backward_loss": (outputs.backward_loss.item() * targets, targets),
+    }
+
+
+def gpt_perplexity(metrics: dict[str, float]) -> dict[str, float]:
+    return {**metrics, "perplexity": math.exp(metrics["loss"])}
+
+
+def elmo_perplexities(metrics: dict[str, float]) -> dict[str, float]:
+    forward = math.exp(metrics["forward_loss"])
+    backward = math.exp(metrics["backward_loss"])
+    # Peters et al. report the average of the forward and backward perplexities.
+    return {
+        **metrics,
+        "forward_perplexity": forward,
+        "backward_perplexity": backward,
+        "perplexity": (forward + backward) / 2,
+    }
+
+
+EVAL_METRICS = {
+    "bert": (bert_metrics, None),
+    "gpt": (gpt_metrics, gpt_perplexity),
+    "elmo": (elmo_metrics, elmo_perplexities),
+}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""End-to-end tests of `egbert pretrain`: each family's tiny preset on a WikiText-2 slice, bad
+options, config files, and a SIGKILL + resume of the real job that must match a clean run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoTokenizer
+
+import egbert.models  # noqa: F401  (registers the Auto classes)
+from egbert.cli import main as cli_main
+from egbert.config import PretrainArguments, load_preset, parse_args
+from egbert.errors import ConfigError
+from egbert.pretrain.run import main
+from egbert.trainer import TrainingArguments
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def one_thread_and_fresh_accelerate():
+    """One intra-op thread: on a shared 2-core machine OpenMP barriers make two threads ~20x
+    slower. Accelerate keeps process-wide singletons; each run builds its own Accelerator."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.fixture(scope="module")
+def corpus(wikitext_slice: Path, data_dir: Path, tmp_path_factory) -> dict[str, Path]:
+    """The slice for training, a short one for the resume test, 100 lines of valid for eval."""
+    folder = tmp_path_factory.mktemp("pretrain-corpus")
+    lines = wikitext_slice.read_text(encoding="utf-8").splitlines(keepends=True)
+    (folder / "short.tokens").write_text("".join(lines[:80]), encoding="utf-8")
+    valid = (data_dir / "corpus/wikitext-2/wiki.valid.tokens").read_text(encoding="utf-8")
+    (folder / "valid.tokens").write_text("".join(valid.splitlines(True)[:100]), encoding="utf-8")
+    return {
+        "train": wikitext_slice,
+        "short": folder / "short.tokens",
+        "valid": folder / "valid.tokens",
+    }
+
+
+def pretrain_argv(family: str, tokenizer: Path, train: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--model", family,
+        "--preset", "tiny",
+        "--tokenizer", str(tokenizer),
+        "--train-files", str(train),
+        "--doc-boundary", "wikitext",
+        "--output-dir", str(out),
+        "--seq-len", "32",
+        "--batch-size", "8",
+        "--seed", "3",
+        *extra,
+    ]  # fmt: skip
+
+
+def eval_records(out: Path) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if record["split"] == "eval"]
+
+
+@pytest.mark.parametrize(
+    ("family", "metrics"),
+    [
+        ("bert", {"loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy"}),
+        ("gpt", {"loss", "perplexity"}),
+        ("elmo", {"loss", "forward_perplexity", "backward_perplexity", "perplexity"}),
+    ],
+)
+def test_tiny_preset_pretrains_and_validation_loss_falls(
+    family, metrics, corpus, tiny_tokenizer_dir, tmp_path
+):
+    out = tmp_path / family
+    extra = ["--validation-files", str(corpus["valid"]), "--max-steps", "36", "--lr", "2e-3"]
+    extra += ["--label-smoothing", "0.1"]  # trains with it; the saved config keeps 0.0
+    main(pretrain_argv(family, tiny_tokenizer_dir, corpus["train"], out, *extra,
+                       "--eval-every", "12", "--warmup-steps", "0.1"))  # fmt: skip
+    evals = eval_records(out)
+    assert [record["step"] for record in evals] == [12, 24, 36]
+    assert metrics <= set(evals[-1])
+    assert evals[-1]["loss"] < evals[0]["loss"] - 0.1, [record["loss"] for record in evals]
+    if family == "gpt":
+        assert evals[-1]["perplexity"] == pytest.approx(math.exp(evals[-1]["loss"]))
+    model = AutoModel.from_pretrained(out)
+    assert model.config.model_type == f"egbert-{family}" and model.config.label_smoothing == 0.0
+    assert len(AutoTokenizer.from_pretrained(out)) == model.config.vocab_size == 1000
+    for name in ("model.safetensors", "config.json", "README.md", "loss_curve.png"):
+        assert (out / name).is_file()
+    assert (out / "checkpoints" / "step-36").is_dir()
+
+
+def _one_line_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["pretrain", *argv])
+    message = str(exit_info.value.code)
+    assert message.startswith("egbert pretrain: error: ") and "\n" not in message, message
+    return message
+
+
+def test_bad_options_end_with_one_line(corpus, tiny_tokenizer_dir, tmp_path, capsys):
+    args = pretrain_argv("gpt", tiny_tokenizer_dir, corpus["short"], tmp_path / "run")
+    assert "--lr must be > 0" in _one_line_error([*args, "--lr", "-0.1"], capsys)
+    message = _one_line_error([*args, "--seq-len", "1024"], capsys)
+    assert "--seq-len 1024 is above the model's max_position_embeddings (512)" in message
+    preset = tmp_path / "odd.yaml"
+    preset.write_text("hidden_size: 30\nnum_hidden_layers: 1\nnum_attention_heads: 4\n")
+    message = _one_line_error([*args, "--preset", str(preset)], capsys)
+    assert "hidden_size (30) must be divisible by num_attention_heads (4)" in message
+    message = _one_line_error([*args, "--preset", "huge"], capsys)
+    assert "unknown gpt preset 'huge'; use one of base, mini, small, tiny" in message
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_config_file_sets_options_and_the_command_line_wins(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "model: gpt\ntokenizer: tok\ntrain_files: [a.txt, b.txt]\noutput-dir: out\n"
+        "lr: 1e-3\nseq_len: 64\nbf16: true\n"
+    )
+    pretrain_args, training_args = parse_args(
+        (PretrainArguments, TrainingArguments),
+        ["--config", str(config), "--seq-len", "32"],
+        prog="egbert pretrain",
+        description="",
+    )
+    assert pretrain_args.model == "gpt" and pretrain_args.train_files == ["a.txt", "b.txt"]
+    assert pretrain_args.seq_len == 32 and training_args.lr == 1e-3 and training_args.bf16
+    config.write_text("model: gpt\nlearning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match="unknown option.*learning_rate"):
+        parse_args((PretrainArguments, TrainingArguments), ["--config", str(config)], "p", "")
+
+
+def test_presets_and_yaml_files_load():
+    assert load_preset("bert", "tiny")["hidden_size"] == 128
+    assert load_preset("elmo", "tiny")["cell_size"] == 512
+    with pytest.raises(ConfigError, match="use one of small, tiny"):
+        load_preset("elmo", "base")
+
+
+def _newest_checkpoint_epoch(out: Path) -> int:
+    epochs = [-1]
+    for state in (out / "checkpoints").glob("step-*/trainer_state.json"):
+        epochs.append(json.loads(state.read_text())["epoch"])
+    return max(epochs)
+
+
+def test_sigkill_in_the_second_epoch_then_resume_equals_a_clean_run(
+    corpus, tiny_tokenizer_dir, tmp_path
+):
+    """bert with dropout, NSP and dynamic masking: killed after a checkpoint in epoch 1 and
+    resumed, it ends with the clean run's weights and loss (fp32 CPU, within 1e-6)."""
+    extra = ["--epochs", "3", "--save-every", "3", "--log-every", "1", "--lr", "1e-3"]
+    clean = tmp_path / "clean"
+    main(pretrain_argv("bert", tiny_tokenizer_dir, corpus["short"], clean, *extra))
+    final = json.loads(next((clean / "checkpoints").glob("step-*/trainer_state.json")).read_text())
+    assert final["step"] >= 16  # >= 4 steps per epoch: epoch 1 has a checkpoint to kill after
+
+    out = tmp_path / "killed"
+    argv = pretrain_argv("bert", tiny_tokenizer_dir, corpus["short"], out, *extra, "--resume")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "egbert.cli", "pretrain", *argv]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while _newest_checkpoint_epoch(out) < 1:
+        assert process.poll() is None, process.stdout.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "no checkpoint in epoch 1 after 120 s"
+        time.sleep(0.005)
+    process.kill()
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+    assert not (out / "model.safetensors").exists()
+
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout
+    clean_weights, resumed_weights = (
+        load_file(clean / "model.safetensors"),
+        load_file(out / "model.safetensors"),
+    )
+    for name, tensor in clean_weights.items():
+        torch.testing.assert_close(resumed_weights[name], tensor, atol=1e-6, rtol=0)
+
+    def train_losses(run: Path) -> list[float]:
+        records = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        return [record["loss"] for record in records if record["split"] == "train"]
+
+    assert train_losses(out) == pytest.approx(train_losses(clean), abs=1e-6)
+
+    changed = [*argv[: argv.index("--seq-len") + 1], "48", *argv[argv.index("--seq-len") + 2 :]]
+    with pytest.raises(ConfigError, match=r"seq_len: 32 -> 48"):
+        main(changed)

@@ -1,0 +1,512 @@
+"""Tests of egbert.trainer against a tiny real next-token model (no BERT/GPT/ELMo needed).
+
+Run as a script (`python tests/test_trainer.py '{json options}'`) the file trains that model in
+a subprocess, which the kill / SIGTERM / resume tests start and interrupt.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from accelerate.state import AcceleratorState, GradientState
+from safetensors.torch import load_file
+from torch import nn
+
+from egbert.errors import CheckpointError, ConfigError, TrainingError
+from egbert.trainer import (
+    EpochShuffleSampler,
+    Trainer,
+    TrainingArguments,
+    noam_multiplier,
+    parameter_groups,
+    schedule_multiplier,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB = 40
+POISON = VOCAB - 1  # a token whose embedding row is NaN in the non-finite tests
+
+
+@dataclass
+class TinyConfig:
+    vocab_size: int = VOCAB
+    hidden_size: int = 16
+    dropout: float = 0.1
+    label_smoothing: float = 0.0
+
+
+@dataclass
+class TinyOutput:
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+
+
+class TinyLM(nn.Module):
+    """Predicts the next token from the current one: embedding, LayerNorm, dropout, linear."""
+
+    def __init__(self, config: TinyConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size)
+        self.dropout = nn.Dropout(config.dropout)
+        self.head = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, input_ids, attention_mask=None, labels=None) -> TinyOutput:
+        logits = self.head(self.dropout(self.norm(self.embed(input_ids))))  # (batch, seq, vocab)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.size(-1)),
+                labels[:, 1:].reshape(-1),
+                ignore_index=-100,
+                label_smoothing=self.config.label_smoothing,
+            )
+        return TinyOutput(loss, logits)
+
+
+def tiny_dataset(size: int = 24, length: int = 8, poison_index: int | None = None) -> list[dict]:
+    """Sequences following t -> 3t+1 (mod VOCAB-1) with 20% noise: there is something to learn."""
+    rng = np.random.default_rng(0)
+    examples = []
+    for index in range(size):
+        ids = [int(rng.integers(POISON))]
+        for _ in range(length - 1):
+            nxt = (3 * ids[-1] + 1) % POISON
+            ids.append(int(rng.integers(POISON)) if rng.random() < 0.2 else nxt)
+        if index == poison_index:
+            ids[3] = POISON
+        examples.append({"input_ids": ids, "id": index})
+    return examples
+
+
+class NoisyCollator:
+    """Dynamic corruption in miniature (like MLM masking): replaces `noise` of the inputs with
+    random ids from a generator seeded by (seed, epoch, example), never by the global RNG."""
+
+    def __init__(self, noise: float = 0.2, seed: int = 0, sleep: float = 0.0) -> None:
+        self.noise, self.seed, self.sleep, self.epoch = noise, seed, sleep, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        time.sleep(self.sleep)  # lets the subprocess tests catch a run in the middle
+        labels = torch.tensor([example["input_ids"] for example in examples])
+        inputs = labels.clone()
+        for row, example in enumerate(examples):
+            rng = np.random.default_rng([self.seed, self.epoch, example["id"]])
+            noisy = rng.random(inputs.size(1)) < self.noise
+            inputs[row, torch.from_numpy(noisy)] = torch.from_numpy(
+                rng.integers(POISON, size=int(noisy.sum()))
+            )
+        return {"input_ids": inputs, "attention_mask": torch.ones_like(inputs), "labels": labels}
+
+
+def make_trainer(
+    out: Path,
+    dropout: float = 0.1,
+    noise: float = 0.2,
+    sleep: float = 0.0,
+    poison: int | None = None,
+    run_config: dict | None = None,
+    size: int = 24,
+    eval_size: int = 0,
+    **options,
+) -> Trainer:
+    torch.manual_seed(0)
+    model = TinyLM(TinyConfig(dropout=dropout))
+    if poison is not None:
+        with torch.no_grad():
+            model.embed.weight[POISON] = float("nan")
+    defaults = {"lr": 3e-2, "batch_size": 4, "max_steps": 6, "log_every": 1, "seed": 1}
+    args = TrainingArguments(output_dir=str(out), **{**defaults, **options})
+    eval_data = tiny_dataset(eval_size) if eval_size else None
+    return Trainer(
+        model,
+        args,
+        tiny_dataset(size, poison_index=poison),
+        NoisyCollator(noise, sleep=sleep),
+        eval_dataset=eval_data,
+        eval_collator=NoisyCollator(0.0) if eval_size else None,
+        run_config=run_config or {"model": {"hidden_size": 16}, "seq_len": 8},
+    )
+
+
+def train_losses(out: Path) -> list[float]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [record["loss"] for record in records if record["split"] == "train"]
+
+
+def assert_same_weights(first: Path, second: Path, atol: float) -> None:
+    a, b = load_file(first), load_file(second)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, equal_nan=True)
+
+
+@pytest.fixture(autouse=True)
+def one_thread_and_fresh_accelerate():
+    """One intra-op thread: on a shared 2-core machine OpenMP barriers make two threads ~20x
+    slower. Accelerate keeps process-wide singletons; each test builds its own Accelerator."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+# ---------------------------------------------------------------- schedules and optimizer
+
+
+def test_linear_and_cosine_match_transformers():
+    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    for name, reference in (
+        ("linear", get_linear_schedule_with_warmup),
+        ("cosine", get_cosine_schedule_with_warmup),
+    ):
+        optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+        scheduler = reference(optimizer, num_warmup_steps=10, num_training_steps=100)
+        expected = []
+        for _ in range(101):
+            expected.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        ours = [schedule_multiplier(name, step, 100, 10) for step in range(101)]
+        assert ours == pytest.approx(expected, abs=1e-12)
+    assert schedule_multiplier("linear", 10, 100, 10) == 1.0
+    assert schedule_multiplier("linear", 55, 100, 10) == pytest.approx(0.5)
+    assert schedule_multiplier("cosine", 55, 100, 10) == pytest.approx(0.5)
+    assert schedule_multiplier("linear", 100, 100, 10) == 0.0
+    assert schedule_multiplier("constant", 5, 100, 10) == 0.5
+    assert schedule_multiplier("constant", 90, 100, 10) == 1.0
+
+
+def test_noam_rule():
+    d_model, warmup = 512, 4000
+    # n = step + 1; rising as n * warmup^-1.5 up to n = warmup, then n^-0.5
+    assert noam_multiplier(0, warmup, d_model) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert noam_multiplier(warmup - 1, warmup, d_model) == pytest.approx(512**-0.5 * 4000**-0.5)
+    assert noam_multiplier(warmup - 1, warmup, d_model) == pytest.approx(6.988e-4, rel=1e-3)
+    assert noam_multiplier(4 * warmup - 1, warmup, d_model) == pytest.approx(
+        noam_multiplier(warmup - 1, warmup, d_model) / 2
+    )
+    peak = max(range(0, 3 * warmup, 50), key=lambda s: noam_multiplier(s, warmup, d_model))
+    assert abs(peak - warmup) <= 50
+
+
+def test_no_weight_decay_on_biases_and_norms():
+    model = TinyLM(TinyConfig())
+    decay, no_decay = parameter_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert sorted(names[id(p)] for p in decay["params"]) == ["embed.weight", "head.weight"]
+    assert sorted(names[id(p)] for p in no_decay["params"]) == [
+        "head.bias",
+        "norm.bias",
+        "norm.weight",
+    ]
+
+
+def test_epoch_sampler_is_a_function_of_seed_and_epoch():
+    sampler = EpochShuffleSampler(10, seed=3)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert sorted(first) == list(range(10)) and first != second
+    replay = EpochShuffleSampler(10, seed=3)
+    replay.set_epoch(1)
+    assert list(replay) == second
+
+
+def test_bad_options_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="--lr must be > 0"):
+        TrainingArguments(output_dir=str(tmp_path), lr=-1.0)
+    with pytest.raises(ConfigError, match="--schedule"):
+        TrainingArguments(output_dir=str(tmp_path), schedule="exponential")
+    with pytest.raises(ConfigError, match="inverse_sqrt needs --warmup-steps"):
+        TrainingArguments(output_dir=str(tmp_path), schedule="inverse_sqrt", warmup_steps=0.1)
+
+
+# ---------------------------------------------------------------- training runs
+
+
+def test_warmup_ratio_and_inverse_sqrt_drive_the_optimizer(tmp_path):
+    trainer = make_trainer(tmp_path / "ratio", warmup_steps=0.5, max_steps=8)
+    assert trainer.warmup == 4
+    trainer.train()
+    lrs = [r["lr"] for r in trainer.read_metrics() if r["split"] == "train"]
+    assert lrs == pytest.approx([3e-2 * m for m in (0, 0.25, 0.5, 0.75, 1, 0.75, 0.5, 0.25)])
+    AcceleratorState._reset_state(reset_partial_state=True)
+    noam = make_trainer(tmp_path / "noam", schedule="inverse_sqrt", warmup_steps=3, lr=1.0)
+    noam.train()
+    lrs = [r["lr"] for r in noam.read_metrics() if r["split"] == "train"]
+    assert lrs == pytest.approx([noam_multiplier(step, 3, 16) for step in range(6)])
+
+
+def test_loss_falls_and_outputs_are_written(tmp_path):
+    trainer = make_trainer(tmp_path, eval_size=8, max_steps=30, eval_every=10, lr=5e-2)
+    result = trainer.train()
+    evals = [r["loss"] for r in trainer.read_metrics() if r["split"] == "eval"]
+    assert len(evals) == 3 and evals[-1] < evals[0] - 0.3
+    assert result.metrics["loss"] == pytest.approx(evals[-1]) and not result.interrupted
+    for name in ("model.safetensors", "loss_curve.png", "README.md", "metrics.jsonl"):
+        assert (tmp_path / name).is_file(), name
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-30"]
+    assert any((tmp_path / "tensorboard").iterdir())
+
+
+def test_grad_accumulation_equals_the_larger_batch(tmp_path):
+    big = make_trainer(tmp_path / "big", dropout=0.0, batch_size=8, max_steps=3)
+    big.train()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    small = make_trainer(tmp_path / "acc", dropout=0.0, batch_size=4, grad_accum=2, max_steps=3)
+    small.train()
+    assert train_losses(tmp_path / "acc") == pytest.approx(train_losses(tmp_path / "big"), abs=1e-6)
+    assert_same_weights(
+        tmp_path / "big/model.safetensors", tmp_path / "acc/model.safetensors", 1e-6
+    )
+
+
+def test_label_smoothing_trains_but_is_off_for_evaluation(tmp_path):
+    trainer = make_trainer(tmp_path, label_smoothing=0.3, dropout=0.0, eval_size=8)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    assert model.config.label_smoothing == 0.3
+    metrics = trainer.evaluate()
+    assert model.config.label_smoothing == 0.3 and model.training
+    batch = NoisyCollator(0.0)(tiny_dataset(8))
+    model.config.label_smoothing = 0.0
+    with torch.no_grad():
+        unsmoothed = model(**batch).loss.item()
+    assert metrics["loss"] == pytest.approx(unsmoothed, abs=1e-6)
+
+
+def test_best_checkpoint_is_kept_by_metric(tmp_path):
+    trainer = make_trainer(
+        tmp_path, eval_size=8, max_steps=12, eval_every=3, lr=0.3, metric_for_best_model="loss"
+    )
+    result = trainer.train()
+    evals = {r["step"]: r["loss"] for r in trainer.read_metrics() if r["split"] == "eval"}
+    best_step = min(evals, key=evals.get)
+    assert trainer.state.best_step == best_step
+    assert result.metrics["loss"] == pytest.approx(evals[best_step])
+    assert_same_weights(tmp_path / "best/model.safetensors", tmp_path / "model.safetensors", 0)
+
+
+def _poisoned_step(batch_size: int = 4, seed: int = 1, poison: int = 5) -> int:
+    order = list(EpochShuffleSampler(24, seed))
+    return order.index(poison) // batch_size + 1
+
+
+def test_nonfinite_loss_stops_and_names_the_step(tmp_path):
+    trainer = make_trainer(tmp_path, poison=5, epochs=1, max_steps=None)
+    step = _poisoned_step()
+    with pytest.raises(TrainingError, match=f"loss is nan at step {step} "):
+        trainer.train()
+
+
+def test_skip_nonfinite_skips_bad_steps(tmp_path):
+    trainer = make_trainer(tmp_path, poison=5, epochs=1, max_steps=None, skip_nonfinite=1)
+    result = trainer.train()
+    assert trainer.state.skipped_nonfinite == 1 and result.step == 5
+    weights = load_file(tmp_path / "model.safetensors")
+    assert torch.isfinite(weights["head.weight"]).all()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    again = make_trainer(tmp_path / "2", poison=5, epochs=2, max_steps=None, skip_nonfinite=1)
+    with pytest.raises(TrainingError, match="at step 1[01] "):
+        again.train()
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import accelerate.checkpointing
+
+    real_save = accelerate.checkpointing.save
+
+    def save_until_disk_full(obj, path, *args, **kwargs):
+        if "step-4" in str(path):
+            Path(path).write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(accelerate.checkpointing, "save", save_until_disk_full)
+    trainer = make_trainer(tmp_path, save_every=2)
+    with pytest.raises(CheckpointError) as error:
+        trainer.train()
+    message = str(error.value)
+    assert "\n" not in message and "disk full" in message and "step-2" in message
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-2"]  # no temp dir left
+    state = json.loads((checkpoints / "step-2/trainer_state.json").read_text())
+    assert state["step"] == 2
+    assert load_file(checkpoints / "step-2/model.safetensors")["head.weight"].shape == (VOCAB, 16)
+
+
+def test_resume_with_a_changed_config_is_refused(tmp_path):
+    make_trainer(tmp_path, max_steps=2).train()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    changed = {"model": {"hidden_size": 16}, "seq_len": 16}
+    with pytest.raises(ConfigError, match=r"seq_len: 8 -> 16.*--resume-anyway"):
+        make_trainer(tmp_path, max_steps=4, resume=True, run_config=changed).train()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    with pytest.raises(ConfigError, match="trainer.batch_size: 4 -> 2"):
+        make_trainer(tmp_path, max_steps=4, resume=True, batch_size=2).train()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    result = make_trainer(
+        tmp_path, max_steps=4, resume=True, resume_anyway=True, run_config=changed
+    ).train()
+    assert result.step == 4
+    AcceleratorState._reset_state(reset_partial_state=True)
+    with pytest.raises(ConfigError, match="already holds checkpoints; pass --resume"):
+        make_trainer(tmp_path, max_steps=4).train()
+
+
+class Payload:
+    """An object a pickle-based loader would construct (and so could run code through)."""
+
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+def test_checkpoint_state_is_loaded_with_weights_only(tmp_path):
+    make_trainer(tmp_path, max_steps=2).train()
+    torch.save({"state": Payload()}, tmp_path / "checkpoints/step-2/optimizer.bin")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    with pytest.raises(CheckpointError, match="cannot load checkpoint"):
+        make_trainer(tmp_path, max_steps=4, resume=True).train()
+
+
+def test_budget_stops_on_time_with_the_schedule_at_zero(tmp_path):
+    budget_s = 0.05 * 60
+    trainer = make_trainer(
+        tmp_path, size=8, sleep=0.02, max_steps=None, budget_minutes=0.05, warmup_steps=0.1
+    )
+    started = time.perf_counter()
+    result = trainer.train()
+    wall = time.perf_counter() - started
+    assert budget_s <= result.elapsed_seconds < budget_s + 1.0
+    assert wall < budget_s + 20
+    assert result.epoch >= 1  # epochs do not end a budget run: the deadline does
+    assert trainer.scheduler.get_last_lr() == [0.0, 0.0]  # the schedule ends at zero, on time
+    lrs = [r["lr"] for r in trainer.read_metrics() if r["split"] == "train"]
+    assert max(lrs) > 0.5 * 3e-2 and lrs[-1] < 0.1 * 3e-2
+    state = json.loads(
+        (tmp_path / f"checkpoints/step-{result.step}/trainer_state.json").read_text()
+    )
+    assert state["elapsed_seconds"] >= budget_s
+    assert trainer.warmup == pytest.approx(0.1 * budget_s)
+    assert schedule_multiplier("cosine", budget_s, budget_s, 0.3) == 0.0
+
+
+# ---------------------------------------------------------------- two processes
+
+
+def _two_process_run(out: str) -> None:
+    # A forked child must not enter an OpenMP region: the parent's OpenMP threads are gone and
+    # the child would wait for them forever. With OMP_NUM_THREADS set, Accelerate leaves it be.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    trainer = make_trainer(Path(out), dropout=0.0, batch_size=4, max_steps=6, use_cpu=True)
+    assert trainer.accelerator.num_processes == 2
+    trainer.train()
+
+
+def test_two_processes_match_one_process_with_double_batch(tmp_path):
+    from accelerate import debug_launcher
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    debug_launcher(_two_process_run, args=(str(tmp_path / "two"),), num_processes=2)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    one = make_trainer(tmp_path / "one", dropout=0.0, batch_size=8, max_steps=6)
+    assert one.accelerator.num_processes == 1
+    one.train()
+    two_losses = train_losses(tmp_path / "two")
+    assert len(two_losses) == 6
+    assert two_losses == pytest.approx(train_losses(tmp_path / "one"), abs=1e-5)
+    assert_same_weights(
+        tmp_path / "one/model.safetensors", tmp_path / "two/model.safetensors", 1e-5
+    )
+
+
+# ---------------------------------------------------------------- kill, stop and resume
+
+
+def _start(out: Path, **options) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, __file__, json.dumps({"out": str(out), **options})],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for_checkpoint(process: subprocess.Popen, out: Path, min_step: int) -> int:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        steps = [
+            int(p.name.removeprefix("step-"))
+            for p in (out / "checkpoints").glob("step-*")
+            if (p / "trainer_state.json").is_file()
+        ]
+        if steps and max(steps) >= min_step:
+            return max(steps)
+        if process.poll() is not None:
+            pytest.fail(f"run ended before checkpoint {min_step}:\n{process.stdout.read()}")
+        time.sleep(0.005)
+    pytest.fail(f"no checkpoint {min_step} after 60 s")
+
+
+def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path):
+    """SIGKILL in epoch 0, SIGKILL in epoch 1, SIGTERM in epoch 2, then resume to the end:
+    the weights and the final loss equal those of a run never interrupted (fp32, CPU)."""
+    options = {"epochs": 3, "max_steps": None, "save_every": 2, "keep_checkpoints": 2}
+    reference = make_trainer(tmp_path / "reference", **options)
+    reference.train()
+    out = tmp_path / "interrupted"
+    for kill_after, how in ((4, signal.SIGKILL), (8, signal.SIGKILL), (14, signal.SIGTERM)):
+        process = _start(out, sleep=0.04, resume=True, **options)
+        seen = _wait_for_checkpoint(process, out, kill_after)
+        process.send_signal(how)
+        output = process.communicate(timeout=60)[0]
+        if how == signal.SIGKILL:
+            assert process.returncode == -signal.SIGKILL, output
+        else:
+            assert process.returncode == 0, output
+            assert "stopping after this step" in output and "stopped at step" in output
+            assert not (out / "model.safetensors").exists()  # a checkpoint, not a final model
+        newest = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step-*"))
+        assert newest >= seen
+    last = _start(out, resume=True, **options)
+    output = last.communicate(timeout=120)[0]
+    assert last.returncode == 0, output
+    assert "resumed from" in output and "epoch 2" in output
+    assert_same_weights(
+        tmp_path / "reference/model.safetensors", out / "model.safetensors", atol=1e-6
+    )
+    assert train_losses(out) == pytest.approx(train_losses(tmp_path / "reference"), abs=1e-6)
+    assert len(train_losses(out)) == 18
+
+
+def _run_from_json(options: dict) -> None:
+    out = Path(options.pop("out"))
+    trainer = make_trainer(out, **options)
+    trainer.train()
+
+
+if __name__ == "__main__":
+    _run_from_json(json.loads(sys.argv[1]))
