@@ -1,0 +1,150 @@
+"""`egbert finetune` end to end with a tiny BERT on slices of the real GLUE files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, BertConfig, BertModel
+
+from egbert.errors import CheckpointError, ConfigError
+from egbert.finetune.run import main
+from egbert.models.bert import EgbertBertConfig, EgbertBertModel
+from egbert.tokenizer import load_tokenizer
+
+TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+}
+SLICE = {"train.tsv": 32, "dev.tsv": 24, "test.tsv": 20}  # data rows kept per file
+FAST = ["--epochs", "2", "--batch-size", "8", "--max-seq-length", "48", "--lr", "1e-3"]
+
+
+@pytest.fixture(scope="module")
+def glue_slice(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RTE and STS-B in the GLUE layout, cut to a few dozen rows per file."""
+    root = tmp_path_factory.mktemp("glue")
+    for task in ("RTE", "STS-B"):
+        (root / task).mkdir()
+        for name, rows in SLICE.items():
+            with (data_dir / "glue" / task / name).open(encoding="utf-8") as handle:
+                lines = [next(handle) for _ in range(rows + 1)]  # the header, then data rows
+            (root / task / name).write_text("".join(lines), encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised egbert BERT saved with the shared tiny tokenizer."""
+    out = tmp_path_factory.mktemp("tiny-bert")
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    torch.manual_seed(0)
+    EgbertBertModel(EgbertBertConfig(vocab_size=len(tokenizer), **TINY)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def read_predictions(path: Path) -> list[list[str]]:
+    return [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.mark.parametrize("features", ["cls", "last4-concat"])
+@pytest.mark.parametrize("freeze", [False, True])
+def test_rte_end_to_end(
+    glue_slice: Path, tiny_bert_dir: Path, tmp_path: Path, features: str, freeze: bool
+) -> None:
+    out = tmp_path / "rte"
+    args = ["--task", "rte", "--model", str(tiny_bert_dir), "--data-dir", str(glue_slice)]
+    args += ["--output-dir", str(out), "--features", features, *FAST]
+    main(args + (["--freeze"] if freeze else []))
+
+    results = json.loads((out / "eval_results.json").read_text())
+    accuracy = results["metrics"]["validation"]["accuracy"]
+    assert 0.0 <= accuracy <= 1.0
+    assert results["score"] == pytest.approx(accuracy)
+    assert results["train_examples"] == SLICE["train.tsv"]
+    assert [entry["epoch"] for entry in results["history"]] == [1, 2]
+    best = max(results["history"], key=lambda entry: entry["score"])
+    assert results["score"] == pytest.approx(best["score"])  # the best epoch is the one kept
+    assert results["options"]["features"] == features
+
+    rows = read_predictions(out / "predictions" / "RTE.tsv")
+    assert rows[0] == ["index", "prediction"]
+    assert [int(index) for index, _ in rows[1:]] == list(range(SLICE["test.tsv"]))
+    assert {label for _, label in rows[1:]} <= {"entailment", "not_entailment"}
+
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    assert model.config.classifier_features == features
+    assert model.config.id2label == {0: "entailment", 1: "not_entailment"}
+    backbone = EgbertBertModel.from_pretrained(tiny_bert_dir).state_dict()
+    tuned = model.base_model.state_dict()
+    unchanged = all(torch.equal(tuned[name], backbone[name]) for name in backbone)
+    assert unchanged == freeze
+
+
+def test_all_tasks_regression_and_table(
+    glue_slice: Path, tiny_bert_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "all"
+    args = ["--task", "all", "--model", str(tiny_bert_dir), "--data-dir", str(glue_slice)]
+    main([*args, "--output-dir", str(out), *FAST, "--epochs", "1"])
+
+    table = capsys.readouterr().out
+    assert "| rte | acc " in table and "| stsb | pearson " in table
+    assert "| GLUE average (stsb, rte) |" in table
+    summary = json.loads((out / "eval_results.json").read_text())
+    assert set(summary["tasks"]) == {"rte", "stsb"}
+    assert summary["glue_average"] == pytest.approx(
+        (summary["tasks"]["rte"]["score"] + summary["tasks"]["stsb"]["score"]) / 2
+    )
+    rows = read_predictions(out / "predictions" / "STS-B.tsv")
+    assert len(rows) == SLICE["test.tsv"] + 1
+    assert all(float(score) == float(score) for _, score in rows[1:])  # numbers, not NaN
+    assert (out / "predictions" / "RTE.tsv").is_file()
+
+
+def test_stock_bert_checkpoint_and_custom_jsonl_task(
+    tiny_tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    stock_dir = tmp_path / "stock-bert"
+    config = BertConfig(vocab_size=len(tokenizer), **TINY)
+    BertModel(config).save_pretrained(stock_dir)
+    tokenizer.save_pretrained(stock_dir)
+
+    def write(name: str, rows: list[tuple[str, str]]) -> Path:
+        lines = [json.dumps({"text": text, "mood": mood}) for text, mood in rows]
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return tmp_path / name
+
+    rows = [("what a lovely day", "happy"), ("this is awful", "sad")] * 8
+    args = ["--model", str(stock_dir), "--output-dir", str(tmp_path / "out"), *FAST]
+    args += ["--train-file", str(write("train.jsonl", rows))]
+    args += ["--validation-file", str(write("dev.jsonl", rows[:4]))]
+    args += ["--test-file", str(write("test.jsonl", rows[:3]))]
+    main([*args, "--text-columns", "text", "--label-column", "mood", "--epochs", "1"])
+
+    results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert set(results["metrics"]["validation"]) == {"accuracy"}
+    predictions = read_predictions(tmp_path / "out" / "predictions" / "custom.tsv")
+    assert [row[0] for row in predictions[1:]] == ["0", "1", "2"]
+    assert {row[1] for row in predictions[1:]} <= {"happy", "sad"}
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["model_type"] == "egbert-bert"  # converted from the stock checkpoint
+
+
+def test_bad_options_are_one_line_errors(glue_slice: Path, tiny_bert_dir: Path) -> None:
+    common = ["--data-dir", str(glue_slice), "--output-dir", "unused"]
+    with pytest.raises(ConfigError, match="unknown task 'rtee'; choose from cola, sst2"):
+        main(["--task", "rtee", "--model", str(tiny_bert_dir), *common])
+    with pytest.raises(ConfigError, match="predictions come from the mnli model"):
+        main(["--task", "ax", "--model", str(tiny_bert_dir), *common])
+    with pytest.raises(CheckpointError, match="no such model directory"):
+        main(["--task", "rte", "--model", str(glue_slice / "nope"), *common])
+    with pytest.raises(ConfigError, match="custom task needs"):
+        main(["--train-file", "x.csv", "--model", str(tiny_bert_dir), *common])
