@@ -4,6 +4,7 @@ Importing the package registers egbert's models with the transformers Auto class
 """
 
 from egbert import models  # noqa: F401  (registers the Auto classes)
+from egbert.embed import TokenEmbeddings, embed, load_model
 from egbert.errors import CheckpointError, ConfigError, DataError, EgbertError, TrainingError
 
 __version__ = "0.1.0"
@@ -13,5 +14,8 @@ __all__ = [
     "ConfigError",
     "DataError",
     "EgbertError",
+    "TokenEmbeddings",
     "TrainingError",
+    "embed",
+    "load_model",
 ]
