@@ -22,8 +22,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 setup: $(VENV)/.installed
 
 lint: setup
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check egbert tests scripts
+	$(BIN)/ruff format --check egbert tests scripts
 
 test: lint
 	$(BIN)/python -m pytest -q tests
