@@ -67,6 +67,29 @@ Mapping = tuple[tuple[str, ...], str, str]
 # ---------------------------------------------------------------- configs
 
 
+# Fields that mean the same in transformers' BertConfig and EgbertBertConfig.
+BERT_SHARED_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "layer_norm_eps",
+    "initializer_range",
+    "pad_token_id",
+    "tie_word_embeddings",
+)
+
+
+def shared_bert_fields(config: BertConfig | EgbertBertConfig) -> dict:
+    return {name: getattr(config, name) for name in BERT_SHARED_FIELDS}
+
+
 def bert_config_from_transformers(config: BertConfig) -> EgbertBertConfig:
     position_type = getattr(config, "position_embedding_type", "absolute")
     if position_type != "absolute" or config.is_decoder or config.add_cross_attention:
@@ -75,22 +98,7 @@ def bert_config_from_transformers(config: BertConfig) -> EgbertBertConfig:
             f"position_embedding_type={position_type!r}, is_decoder={config.is_decoder}"
         )
     _check_activation(config.hidden_act)
-    return EgbertBertConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        intermediate_size=config.intermediate_size,
-        hidden_act=config.hidden_act,
-        hidden_dropout_prob=config.hidden_dropout_prob,
-        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
-        max_position_embeddings=config.max_position_embeddings,
-        type_vocab_size=config.type_vocab_size,
-        layer_norm_eps=config.layer_norm_eps,
-        initializer_range=config.initializer_range,
-        pad_token_id=config.pad_token_id,
-        tie_word_embeddings=config.tie_word_embeddings,
-    )
+    return EgbertBertConfig(**shared_bert_fields(config))
 
 
 def bert_config_to_transformers(config: EgbertBertConfig) -> BertConfig:
@@ -104,22 +112,7 @@ def bert_config_to_transformers(config: EgbertBertConfig) -> BertConfig:
             f"has position_embedding_type={config.position_embedding_type!r}, "
             f"pre_layernorm={config.pre_layernorm}, type_vocab_size={config.type_vocab_size}"
         )
-    return BertConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        intermediate_size=config.intermediate_size,
-        hidden_act=config.hidden_act,
-        hidden_dropout_prob=config.hidden_dropout_prob,
-        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
-        max_position_embeddings=config.max_position_embeddings,
-        type_vocab_size=config.type_vocab_size,
-        layer_norm_eps=config.layer_norm_eps,
-        initializer_range=config.initializer_range,
-        pad_token_id=config.pad_token_id,
-        tie_word_embeddings=config.tie_word_embeddings,
-    )
+    return BertConfig(**shared_bert_fields(config))
 
 
 def gpt2_config_from_transformers(config: GPT2Config) -> EgbertGPTConfig:
