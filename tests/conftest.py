@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -66,3 +68,15 @@ def tiny_gpt2_dir(data_dir: Path) -> Path:
     if not (path / "model.safetensors").is_file():
         _missing(f"tiny-gpt2 checkpoint in {path}")
     return path
+
+
+@pytest.fixture
+def one_thread_and_fresh_accelerate():
+    """One intra-op thread: on a shared 2-core machine OpenMP barriers make two threads ~20x
+    slower. Accelerate keeps process-wide singletons; each test builds its own Accelerator."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoTokenizer
 
@@ -28,16 +27,7 @@ from egbert.trainer import TrainingArguments
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_thread_and_fresh_accelerate():
-    """One intra-op thread: on a shared 2-core machine OpenMP barriers make two threads ~20x
-    slower. Accelerate keeps process-wide singletons; each run builds its own Accelerator."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 
 
 @pytest.fixture(scope="module")

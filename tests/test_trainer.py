@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from accelerate.state import AcceleratorState, GradientState
+from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from torch import nn
 
@@ -157,16 +157,7 @@ def assert_same_weights(first: Path, second: Path, atol: float) -> None:
         torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, equal_nan=True)
 
 
-@pytest.fixture(autouse=True)
-def one_thread_and_fresh_accelerate():
-    """One intra-op thread: on a shared 2-core machine OpenMP barriers make two threads ~20x
-    slower. Accelerate keeps process-wide singletons; each test builds its own Accelerator."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 
 
 # ---------------------------------------------------------------- schedules and optimizer
