@@ -221,7 +221,8 @@ def test_a_few_adam_steps_on_a_repeated_corpus_lower_both_losses():
 
 
 @pytest.mark.parametrize(
-    ("preset", "hidden_size", "cell_size"), [("tiny", 128, 512), ("small", 256, 1024)]
+    ("preset", "hidden_size", "cell_size"),
+    [("tiny", 128, 512), ("mini", 256, 1024), ("small", 512, 2048), ("base", 512, 4096)],
 )
 def test_presets_build_a_model(preset, hidden_size, cell_size):
     kwargs = yaml.safe_load((CONFIGS / f"elmo-{preset}.yaml").read_text())
