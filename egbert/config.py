@@ -42,6 +42,13 @@ class PretrainArguments:
         default=None,
         metadata={"help": "start from this saved model directory instead of random weights"},
     )
+    allow_pickle: bool = field(
+        default=False,
+        metadata={
+            "help": "with --init-from: also load a pickle checkpoint (pytorch_model.bin, *.pt), "
+            "with torch.load(weights_only=True); only for files you trust"
+        },
+    )
     validation_files: list[str] = field(
         default_factory=list, metadata={"help": "plain-text files for evaluation"}
     )
@@ -113,7 +120,13 @@ def read_config_file(path: Path) -> dict[str, Any]:
     """A flat mapping of option names to values from a .yaml/.yml/.json file."""
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"config file {path} is not a UTF-8 text file (byte {error.start}); pass a YAML or "
+            "JSON file"
+        ) from None
     try:
         values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as error:

@@ -35,7 +35,9 @@ from tokenizers import Encoding
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from egbert.checkpoints import ALLOW_PICKLE_HELP, first_line, load_pretrained
 from egbert.errors import CheckpointError, ConfigError, DataError
+from egbert.tokenizer import check_encoding, check_vocab_matches
 
 COMBINES = ("concat", "sum", "mean", "scalar-mix", "none")
 POOLS = ("none", "cls", "mean", "last")
@@ -76,27 +78,20 @@ class _Sequence:
 
 
 def load_model(
-    model_dir: str | os.PathLike, device: str | torch.device | None = None
+    model_dir: str | os.PathLike,
+    device: str | torch.device | None = None,
+    allow_pickle: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the base model (AutoModel) and its fast tokenizer (AutoTokenizer) from one directory.
 
-    The model is put in eval mode on `device` (default: cuda when available, else cpu).
+    The model is put in eval mode on `device` (default: cuda when available, else cpu). Weights
+    are read from safetensors; a pickle checkpoint (pytorch_model.bin, *.pt) needs
+    `allow_pickle=True` and is then read with torch.load(weights_only=True).
     """
     path = Path(model_dir).expanduser()
-    if not path.is_dir():
-        raise CheckpointError(
-            f"model directory {model_dir} not found; pass a directory written by save_pretrained"
-        )
-    if not (path / "config.json").is_file():
-        raise CheckpointError(
-            f"{path} has no config.json; pass a directory written by model.save_pretrained"
-        )
-    try:
-        model = AutoModel.from_pretrained(path)
-    except (OSError, ValueError, KeyError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"cannot load a model from {path}: {reason}") from error
+    model = load_pretrained(AutoModel, path, allow_pickle=allow_pickle)
     tokenizer = load_model_tokenizer(path)
+    check_vocab_matches(tokenizer, model.config.vocab_size, f"the model in {path}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), tokenizer
 
@@ -105,11 +100,11 @@ def load_model_tokenizer(model_dir: str | os.PathLike) -> PreTrainedTokenizerBas
     """The fast tokenizer saved next to a model (fast: embed needs its offsets and word ids)."""
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError, TypeError) as error:
+    except Exception as error:  # also the bare Exception of the Rust parser on a broken file
         raise CheckpointError(
-            f"cannot load a tokenizer from {model_dir}; save it next to the model "
-            "with tokenizer.save_pretrained(dir)"
-        ) from error
+            f"cannot load a tokenizer from {model_dir} ({first_line(error)}); save it next to "
+            "the model with tokenizer.save_pretrained(dir)"
+        ) from None
     if not tokenizer.is_fast:
         raise CheckpointError(
             f"{model_dir} has no fast tokenizer (tokenizer.json), which embed needs for "
@@ -457,6 +452,7 @@ def embed(
     stride: int | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: str | torch.device | None = None,
+    allow_pickle: bool = False,
 ) -> np.ndarray | list[TokenEmbeddings]:
     """Embed texts (or (a, b) pairs) with chosen layers of a model.
 
@@ -477,6 +473,8 @@ def embed(
         stride: instead of truncating, cut long single texts into windows of max_length tokens
             that overlap by `stride` tokens; each token's vector comes from the window where it
             has the most context on its shorter side, and pooling runs over the stitched tokens.
+        allow_pickle: let `load_model` read a directory whose weights are a pickle
+            (pytorch_model.bin, *.pt), with torch.load(weights_only=True).
 
     Returns:
         pooled: a float32 array (inputs, dim); pool='none': one TokenEmbeddings per input, in the
@@ -490,7 +488,7 @@ def embed(
     _check_options(combine, pool, layers, word_level)
     if batch_size < 1:
         raise ConfigError(f"batch_size={batch_size} must be at least 1")
-    model, tokenizer, was_training = _resolve_model(model_or_dir, tokenizer, device)
+    model, tokenizer, was_training = _resolve_model(model_or_dir, tokenizer, device, allow_pickle)
     try:
         positions = resolve_layers(layers, model.config.num_hidden_layers)
         max_length = _check_lengths(model, tokenizer, max_length, stride)
@@ -509,10 +507,11 @@ def _resolve_model(
     model_or_dir: str | os.PathLike | PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase | None,
     device: str | torch.device | None,
+    allow_pickle: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, bool]:
     """The model in eval mode, its tokenizer and whether the model was training before."""
     if not isinstance(model_or_dir, PreTrainedModel):
-        model, loaded_tokenizer = load_model(model_or_dir, device)
+        model, loaded_tokenizer = load_model(model_or_dir, device, allow_pickle)
         return model, tokenizer or loaded_tokenizer, False
     model = model_or_dir
     if tokenizer is None:
@@ -755,6 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pair-field", help="second text field of .jsonl input, for pairs")
     parser.add_argument("--encoding", default="utf-8", help="input file encoding")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
     return parser
 
 
@@ -771,8 +771,13 @@ def main(argv: list[str] | None = None) -> None:
             f"--output {output}: per-token vectors (--pool none) go to .jsonl; "
             "pool them (--pool mean|cls|last) for .npy or .safetensors"
         )
+    if not output.parent.is_dir():
+        raise ConfigError(
+            f"--output folder {output.parent} does not exist; create it or choose another --output"
+        )
     if not source.is_file():
         raise DataError(f"--input {source} not found")
+    check_encoding(args.encoding)
     layers = _parse_layers(args.layers)
     _check_options(args.combine, args.pool, layers, args.word_level)
     if args.batch_size < 1:
@@ -786,7 +791,7 @@ def main(argv: list[str] | None = None) -> None:
         ) from error
     if count == 0:
         raise DataError(f"--input {source} is empty: nothing to embed")
-    model, tokenizer = load_model(args.model, args.device)
+    model, tokenizer = load_model(args.model, args.device, args.allow_pickle)
     positions = resolve_layers(layers, model.config.num_hidden_layers)
     max_length = _check_lengths(model, tokenizer, args.max_length, args.stride)
     if jsonl:

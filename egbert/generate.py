@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
+from transformers import AutoModelForCausalLM, TextStreamer
 
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
+from egbert.checkpoints import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
 from egbert.errors import CheckpointError, ConfigError
+from egbert.tokenizer import check_vocab_matches, load_tokenizer
 
 CAUSAL_MODEL_TYPES = ("egbert-gpt", "gpt2")
 
 
 def check_generative_model(model_dir: Path) -> None:
     """Raise CheckpointError unless `model_dir` holds a causal language model."""
-    config_file = model_dir / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{model_dir} has no config.json: pass a saved gpt model directory")
-    model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    model_type = read_model_config(model_dir).get("model_type")
     if model_type not in CAUSAL_MODEL_TYPES:
         raise CheckpointError(
             f"{model_dir} holds a {model_type!r} model; egbert generate needs a gpt model "
@@ -29,6 +27,13 @@ def check_generative_model(model_dir: Path) -> None:
 
 
 def check_sampling_options(args: argparse.Namespace) -> None:
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:  # Python keeps undecodable command-line bytes as lone surrogates
+        raise ConfigError(
+            "--prompt holds bytes that are not valid text in the terminal's encoding; "
+            "pass UTF-8 text"
+        ) from None
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.temperature is not None and args.temperature < 0:
@@ -48,16 +53,20 @@ def generate(
     top_p: float | None = None,
     seed: int | None = None,
     stream: bool = True,
+    allow_pickle: bool = False,
 ) -> str:
     """Continue `prompt` with the gpt model in `model_dir`; temperature 0 or None means greedy.
 
-    Prints the continuation as it is produced when `stream`; returns it either way.
+    Prints the continuation as it is produced when `stream`; returns it either way. A pickle
+    checkpoint (pytorch_model.bin) needs `allow_pickle` (then torch.load(weights_only=True)).
     """
     model_dir = Path(model_dir)
     check_generative_model(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = load_pretrained(AutoModelForCausalLM, model_dir, allow_pickle=allow_pickle)
+    tokenizer = load_tokenizer(model_dir)
+    check_vocab_matches(tokenizer, model.config.vocab_size, f"the model in {model_dir}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
+    model = model.to(device).eval()
     input_ids = prompt_ids(tokenizer, prompt, model.config).to(device)
     length = input_ids.shape[1] + max_new_tokens
     if length > model.config.max_position_embeddings:
@@ -114,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         "--top-p", type=float, default=None, help="sample from the smallest set with this mass"
     )
     parser.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
     args = parser.parse_args(argv)
     check_sampling_options(args)
     generate(
@@ -124,4 +134,5 @@ def main(argv: list[str] | None = None) -> None:
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
+        allow_pickle=args.allow_pickle,
     )

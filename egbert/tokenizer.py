@@ -39,10 +39,28 @@ SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK, EOT]
 # `tokenizers` object unless `model_input_names` names them, and BERT's NSP needs them.
 MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
 KINDS = ("wordpiece", "bpe")
+DECODE_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
+
+
+def check_encoding(encoding: str, errors: str = "strict") -> None:
+    """ConfigError unless `encoding` is a text encoding Python knows and `errors` one of
+    DECODE_ERRORS."""
+    try:
+        b"a".decode(encoding, "ignore")  # also refuses codecs of no text (base64, rot13)
+    except LookupError:
+        raise ConfigError(
+            f"unknown --encoding {encoding!r}; use a text encoding such as utf-8 or latin-1"
+        ) from None
+    # Not surrogateescape & co: their lone surrogates are no valid text to store or tokenize.
+    if errors not in DECODE_ERRORS:
+        raise ConfigError(
+            f"unknown --encoding-errors {errors!r}; use one of {', '.join(DECODE_ERRORS)}"
+        )
 
 
 def iter_lines(files: Sequence[str | os.PathLike], encoding: str = "utf-8") -> Iterator[str]:
     """Yield the non-blank lines of each file, streaming; a decode error names the byte offset."""
+    check_encoding(encoding)
     for file in files:
         offset = 0
         with open(file, "rb") as handle:
@@ -141,6 +159,8 @@ def train_tokenizer(
     """
     if kind not in KINDS:
         raise ConfigError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if min_frequency < 0:
+        raise ConfigError(f"--min-frequency must be >= 0, got {min_frequency}")
     minimum = len(SPECIAL_TOKENS) + (256 if kind == "bpe" else 1)
     if vocab_size < minimum:
         raise ConfigError(
@@ -182,15 +202,20 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | os.PathLik
     """Save through a temporary folder, so a failure leaves no half-written tokenizer in `out_dir`
     (files already there from another run are only replaced at the end)."""
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         tokenizer.save_pretrained(staging)
         out.mkdir(exist_ok=True)
         for file in staging.iterdir():
             os.replace(file, out / file.name)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise CheckpointError(f"cannot write the tokenizer to {out}: {reason}") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _vocab_is_lowercase(vocab: dict[str, int]) -> bool:
@@ -231,7 +256,14 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
             "`egbert tokenizer train` or pass a model directory"
         )
     if (path / "tokenizer.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except Exception as error:  # the Rust parser raises a bare Exception on a broken file
+            message = str(error).strip().splitlines()[0] if str(error).strip() else "unreadable"
+            raise CheckpointError(
+                f"{path / 'tokenizer.json'} cannot be read ({message}); save the tokenizer "
+                "again or train one with `egbert tokenizer train`"
+            ) from None
         if tokenizer.cls_token is not None and "token_type_ids" not in tokenizer.model_input_names:
             tokenizer.model_input_names = MODEL_INPUT_NAMES
         return tokenizer

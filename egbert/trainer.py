@@ -62,6 +62,8 @@ from egbert.errors import CheckpointError, ConfigError, DataError, TrainingError
 SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
 STATE_FILE = "trainer_state.json"
 METRICS_FILE = "metrics.jsonl"
+# Errors of writing files: a full disk or quota, a read-only or forbidden output directory.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 
 # (batch, outputs) -> {metric name: (sum, count)}: summed over batches and processes, reported
 # as sum / count. Lets a job add accuracies to the eval loss without the trainer knowing them.
@@ -516,6 +518,19 @@ class Trainer:
 
     def train(self) -> TrainOutput:
         """Train (resuming if asked), then save the final model, tokenizer, plot and card."""
+        try:
+            return self._train_and_save()
+        except OSError as error:  # a log, plot or the final model could not be written
+            if error.errno not in WRITE_ERRNOS:
+                raise
+            latest = self.latest_checkpoint()
+            kept = f"the newest checkpoint {latest} is intact" if latest else "no checkpoint yet"
+            raise CheckpointError(
+                f"could not write {error.filename or self.output_dir}: {_reason(error)}; free "
+                f"disk space (or fix the permissions) and run again with --resume ({kept})"
+            ) from None
+
+    def _train_and_save(self) -> TrainOutput:
         accelerator = self.accelerator
         self._start_or_resume()
         accelerator.print(
@@ -864,9 +879,7 @@ class Trainer:
         try:
             action()
         except OSError as error:
-            self._save_error = (
-                error.strerror or str(error) if error.errno != errno.ENOSPC else "disk full"
-            )
+            self._save_error = _reason(error)
             failed = 1.0
         flag = torch.tensor([failed], device=self.accelerator.device)
         return not self.accelerator.reduce(flag, reduction="sum").item() > 0
@@ -1008,7 +1021,22 @@ class Trainer:
         accelerator.wait_for_everyone()
 
     def _save_final_model(self) -> None:
-        self._save_model(self.output_dir, with_tokenizer=True)
+        """Written beside the output directory's files, then moved over them, so that a kill
+        or a full disk never leaves a half-written model.safetensors there."""
+        temp = self.output_dir / ".tmp-final-model"
+        main = self.accelerator.is_main_process
+        if main:
+            shutil.rmtree(temp, ignore_errors=True)
+        try:
+            self._save_model(temp, with_tokenizer=True)
+            if main:
+                _fsync_tree(temp)
+                for path in temp.iterdir():
+                    os.replace(path, self.output_dir / path.name)
+        finally:
+            if main:
+                shutil.rmtree(temp, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
@@ -1119,6 +1147,10 @@ process(es) ({self.accelerator.device}); loss curve: `loss_curve.png`, log: `met
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+
+def _reason(error: OSError) -> str:
+    return "disk full" if error.errno == errno.ENOSPC else error.strerror or str(error)
 
 
 def _has_accelerator() -> bool:

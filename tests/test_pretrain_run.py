@@ -138,9 +138,9 @@ def test_config_file_sets_options_and_the_command_line_wins(tmp_path):
 
 def test_presets_and_yaml_files_load():
     assert load_preset("bert", "tiny")["hidden_size"] == 128
-    assert load_preset("elmo", "tiny")["cell_size"] == 512
-    with pytest.raises(ConfigError, match="use one of small, tiny"):
-        load_preset("elmo", "base")
+    assert load_preset("elmo", "base")["cell_size"] == 4096
+    with pytest.raises(ConfigError, match="use one of base, mini, small, tiny"):
+        load_preset("elmo", "huge")
 
 
 def _newest_checkpoint_epoch(out: Path) -> int:

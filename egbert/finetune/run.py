@@ -8,6 +8,9 @@ The output directory gets the best model (`save_pretrained`, with its tokenizer)
 `index<TAB>prediction`, labels as GLUE's files write them), the trainer's `metrics.jsonl`,
 loss curve and model card. `--task all` runs every task whose train and dev files are present,
 each in `OUTPUT_DIR/<task>/`, and prints one Markdown table with the GLUE average.
+
+A checkpoint is written after every epoch (`--save-every N`: every N steps); after a kill,
+SIGTERM or Ctrl-C the same command with `--resume` goes on from it, to the same result.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from transformers import (
 )
 
 import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with the Auto classes)
+from egbert.checkpoints import ALLOW_PICKLE_HELP, first_line, load_pretrained, read_model_config
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.finetune.metrics import compute_task_metrics, glue_score, task_score
 from egbert.finetune.tasks import (
@@ -58,6 +62,7 @@ from egbert.trainer import Trainer, TrainingArguments
 STOCK_MODEL_TYPES = ("bert", "gpt2")
 # The columns a classifier's forward takes; everything else is dropped before batching.
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
+DEFAULT_MAX_SEQ_LENGTH = 128
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,9 +126,9 @@ OUTPUT_DIR gets the best model with its tokenizer, eval_results.json, prediction
     data.add_argument(
         "--max-seq-length",
         type=int,
-        default=128,
         metavar="N",
-        help="tokens per example, longer ones truncated (default: %(default)s)",
+        help=f"tokens per example, longer ones truncated (default: {DEFAULT_MAX_SEQ_LENGTH}, or "
+        "the model's max_position_embeddings if smaller)",
     )
 
     model = parser.add_argument_group("model")
@@ -153,6 +158,7 @@ OUTPUT_DIR gets the best model with its tokenizer, eval_results.json, prediction
     model.add_argument(
         "--freeze", action="store_true", help="feature-based: train only the classifier head"
     )
+    model.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
 
     train = parser.add_argument_group("training")
     train.add_argument("--output-dir", required=True, type=Path, metavar="DIR")
@@ -168,7 +174,23 @@ OUTPUT_DIR gets the best model with its tokenizer, eval_results.json, prediction
         train.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
     train.add_argument("--bf16", action="store_true", help="bf16 mixed precision (CPU or GPU)")
     train.add_argument(
+        "--save-every",
+        type=int,
+        metavar="N",
+        help="checkpoint every N steps (default: after every epoch)",
+    )
+    train.add_argument(
         "--resume", action="store_true", help="continue an interrupted run in --output-dir"
+    )
+    train.add_argument(
+        "--resume-anyway", action="store_true", help="resume even if the run's options changed"
+    )
+    train.add_argument(
+        "--skip-nonfinite",
+        type=int,
+        default=0,
+        metavar="N",
+        help="skip up to N steps with a non-finite loss instead of stopping (default: 0)",
     )
     return parser
 
@@ -233,13 +255,10 @@ def tokenize(
 def load_classifier(model_dir: Path, task: Task, args: argparse.Namespace) -> PreTrainedModel:
     """The model directory's backbone under a fresh classification head for the task; stock
     BERT / GPT-2 checkpoints are converted to egbert first so every head option works."""
-    config_file = model_dir / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{model_dir} has no config.json: pass a saved model directory")
-    model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    model_type = read_model_config(model_dir).get("model_type")
     if model_type in STOCK_MODEL_TYPES:
         with tempfile.TemporaryDirectory(prefix="egbert-convert-") as converted:
-            convert_checkpoint(model_dir, converted)
+            convert_checkpoint(model_dir, converted, allow_pickle=args.allow_pickle)
             return _classifier_from(Path(converted), task, args)
     return _classifier_from(model_dir, task, args)
 
@@ -254,22 +273,33 @@ def _classifier_from(model_dir: Path, task: Task, args: argparse.Namespace) -> P
             problem_type="regression" if task.is_regression else "single_label_classification",
         )
     except (OSError, ValueError, KeyError) as error:
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise CheckpointError(
-            f"cannot load a model config from {model_dir}: {first_line}"
+            f"cannot load a model config from {model_dir}: {first_line(error)}"
         ) from None
     config.classifier_features = args.features
     config.classifier_pool = args.pool
     config.freeze_backbone = args.freeze
-    try:
-        # A classifier fine-tuned for another label set gets a new head of the right size.
-        return AutoModelForSequenceClassification.from_pretrained(
-            model_dir, config=config, ignore_mismatched_sizes=True
+    # A classifier fine-tuned for another label set gets a new head of the right size.
+    return load_pretrained(
+        AutoModelForSequenceClassification,
+        model_dir,
+        allow_pickle=args.allow_pickle,
+        config=config,
+        ignore_mismatched_sizes=True,
+    )
+
+
+def sequence_length(args: argparse.Namespace, model: PreTrainedModel) -> int:
+    """--max-seq-length, refused above the model's position table; by default 128 or less."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if args.max_seq_length is None:
+        return min(DEFAULT_MAX_SEQ_LENGTH, positions or DEFAULT_MAX_SEQ_LENGTH)
+    if positions is not None and args.max_seq_length > positions:
+        raise ConfigError(
+            f"--max-seq-length {args.max_seq_length} is above the model's "
+            f"max_position_embeddings ({positions}); use --max-seq-length {positions} or less"
         )
-    except ValueError as error:
-        raise CheckpointError(
-            f"{model_dir} ({config.model_type}) has no sequence classifier: {error}"
-        ) from None
+    return args.max_seq_length
 
 
 def load_task_tokenizer(model_dir: Path, model: PreTrainedModel) -> PreTrainedTokenizerBase:
@@ -352,8 +382,11 @@ def write_predictions(path: Path, task: Task, indices: list[int], predicted: np.
 # ---------------------------------------------------------------- one task
 
 
-def run_task(task: Task, args: argparse.Namespace, output_dir: Path, predictions_dir: Path) -> dict:
-    """Fine-tune on one task; returns (and writes) its eval_results.json."""
+def run_task(
+    task: Task, args: argparse.Namespace, output_dir: Path, predictions_dir: Path
+) -> dict | None:
+    """Fine-tune on one task; returns (and writes) its eval_results.json, or None when a
+    signal stopped the run (a checkpoint to --resume from is saved)."""
     start = time.perf_counter()
     set_seed(args.seed)  # the new head's initial weights
     splits = load_splits(task, args)
@@ -364,7 +397,7 @@ def run_task(task: Task, args: argparse.Namespace, output_dir: Path, predictions
 
     model = load_classifier(args.model, task, args)
     tokenizer = load_task_tokenizer(args.model, model)
-    max_length = min(args.max_seq_length, getattr(model.config, "max_position_embeddings", 10**9))
+    max_length = sequence_length(args, model)
     train_set = tokenize(train, task, tokenizer, max_length, "train")
     dev_sets = {s: tokenize(splits[s], task, tokenizer, max_length, s) for s in dev_names}
     collator = DataCollatorWithPadding(tokenizer)
@@ -376,21 +409,7 @@ def run_task(task: Task, args: argparse.Namespace, output_dir: Path, predictions
         dev_results[trainer.state.step] = metrics_by_split
         return flat_metrics(metrics_by_split)
 
-    training_args = TrainingArguments(
-        output_dir=str(output_dir),
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        batch_size=args.batch_size,
-        epochs=args.epochs,
-        schedule="linear",
-        warmup_steps=args.warmup_ratio,
-        bf16=args.bf16,
-        seed=args.seed,
-        metric_for_best_model="score",
-        greater_is_better=True,
-        keep_checkpoints=1,
-        resume=args.resume,
-    )
+    training_args = training_arguments(args, output_dir)
     trainer = Trainer(
         model,
         training_args,
@@ -402,7 +421,12 @@ def run_task(task: Task, args: argparse.Namespace, output_dir: Path, predictions
     )
     steps_per_epoch = math.ceil(len(trainer.train_loader) / training_args.grad_accum)
     training_args.eval_every = steps_per_epoch  # evaluate on dev after every epoch
+    training_args.save_every = args.save_every or steps_per_epoch
     outcome = trainer.train()
+    if outcome.interrupted:  # a signal: the trainer saved a checkpoint and said so
+        return None
+    # a resumed run evaluated only its own epochs: the others are in the trainer's log
+    dev_results = {**logged_dev_results(trainer, dev_names), **dev_results}
     best_step = trainer.state.best_step
     best = trainer.accelerator.unwrap_model(trainer.model)  # the trainer reloaded the best epoch
     predictions = predict_test_sets(
@@ -426,6 +450,28 @@ def run_task(task: Task, args: argparse.Namespace, output_dir: Path, predictions
         "options": {**_head_options(args), **_training_options(args)},
     }
     (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def logged_dev_results(trainer: Trainer, dev_names: list[str]) -> dict[int, dict]:
+    """{step: {dev split: metrics}} of the evaluations in the trainer's metrics.jsonl (the
+    inverse of `flat_metrics`)."""
+    results = {}
+    for record in trainer.read_metrics():
+        if record["split"] != "eval":
+            continue
+        flat = {k: v for k, v in record.items() if k not in ("split", "step", "score")}
+        if len(dev_names) == 1:
+            results[record["step"]] = {dev_names[0]: flat}
+            continue
+        results[record["step"]] = {
+            split: {
+                name.removeprefix(f"{split}_"): value
+                for name, value in flat.items()
+                if name.startswith(f"{split}_")
+            }
+            for split in dev_names
+        }
     return results
 
 
@@ -455,6 +501,27 @@ def predict_test_sets(
         write_predictions(path, owner, dataset["idx"], predicted)
         written[stem] = str(path)
     return written
+
+
+def training_arguments(args: argparse.Namespace, output_dir: Path) -> TrainingArguments:
+    """The trainer's options for one task (their checks run before any data is read)."""
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        schedule="linear",
+        warmup_steps=args.warmup_ratio,
+        bf16=args.bf16,
+        seed=args.seed,
+        metric_for_best_model="score",
+        greater_is_better=True,
+        keep_checkpoints=1,
+        skip_nonfinite=args.skip_nonfinite,
+        resume=args.resume,
+        resume_anyway=args.resume_anyway,
+    )
 
 
 def _head_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -542,8 +609,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise CheckpointError(f"--model {args.model}: no such model directory")
     if args.data_dir is not None and not args.data_dir.is_dir():
         raise DataError(f"--data-dir {args.data_dir}: no such folder; pass the GLUE folder")
-    if args.max_seq_length < 8:
+    if args.max_seq_length is not None and args.max_seq_length < 8:
         raise ConfigError(f"--max-seq-length must be >= 8, got {args.max_seq_length}")
+    if args.save_every is not None and args.save_every < 1:
+        raise ConfigError(f"--save-every must be >= 1, got {args.save_every}")
     if args.max_train_samples is not None and args.max_train_samples < 1:
         raise ConfigError(f"--max-train-samples must be >= 1, got {args.max_train_samples}")
     if args.pool == "mean" and args.features == "cls":
@@ -553,6 +622,7 @@ def check_args(args: argparse.Namespace) -> None:
         )
     if not 0 <= args.warmup_ratio < 1:
         raise ConfigError(f"--warmup-ratio must be in [0, 1), got {args.warmup_ratio}")
+    training_arguments(args, args.output_dir)  # --lr, --epochs, --batch-size, ...
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -564,7 +634,10 @@ def main(argv: list[str] | None = None) -> None:
     for task in tasks:
         output_dir = args.output_dir / task.name if several else args.output_dir
         print(f"egbert finetune: {task.name} -> {output_dir}", flush=True)
-        results.append(run_task(task, args, output_dir, args.output_dir / "predictions"))
+        result = run_task(task, args, output_dir, args.output_dir / "predictions")
+        if result is None:
+            return
+        results.append(result)
     table = results_table(results)
     if several:
         summary = {"tasks": {r["task"]: r for r in results}, "table": table}

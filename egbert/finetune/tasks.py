@@ -276,8 +276,6 @@ def read_task_file(
 ) -> datasets.Dataset:
     """A task's examples from one CSV/TSV/JSONL file; DataError naming the file and line if bad."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"file not found: {path}")
     columns = [*task.text_columns, "label"] if with_labels else list(task.text_columns)
     parse_label = _label_parser(task)
     data: dict[str, list] = {name: [] for name in [*columns, "idx"]}
@@ -330,9 +328,12 @@ def _label_parser(task: Task):
 
 def _parse_index(value, path: Path, line: int) -> int:
     try:
-        return int(value)
+        index = int(value)
     except (TypeError, ValueError):
-        raise DataError(f"{path}:{line}: index {value!r} is not an integer") from None
+        index = None
+    if index is None or not -(2**31) <= index < 2**31:
+        raise DataError(f"{path}:{line}: index {value!r:.40} is not a 32-bit integer")
+    return index
 
 
 def _field(row: dict, name: str, path: Path, line: int, fallback: str | None = None) -> str:
@@ -348,6 +349,8 @@ def _read_rows(
     path: Path, headerless_columns: tuple[str, ...] | None = None
 ) -> Iterator[tuple[int, dict]]:
     """(line number, row as a dict) for every data row of a TSV, CSV or JSONL file."""
+    if not path.is_file():
+        raise DataError(f"file not found: {path}")
     found_any = False
     rows = _jsonl_rows(path) if path.suffix == ".jsonl" else _table_rows(path, headerless_columns)
     for line, row in rows:
@@ -357,29 +360,60 @@ def _read_rows(
         raise DataError(f"{path} is empty (no data rows)")
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    with path.open(encoding="utf-8-sig") as handle:
-        for line, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
+def _text_lines(path: Path) -> Iterator[str]:
+    """The file's lines (with their line ends) as UTF-8 text, a byte order mark dropped (MRPC's
+    header has one); DataError naming the line and byte offset of an undecodable byte."""
+    offset = 0
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
             try:
-                row = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}:{line}: not valid JSON ({error.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{line}: expected a JSON object per line")
-            yield line, row
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"{path}:{number}: byte 0x{raw[error.start]:02x} at offset "
+                    f"{offset + error.start} is not valid UTF-8; save the file as UTF-8 "
+                    "(e.g. iconv -f latin1 -t utf-8)"
+                ) from None
+            offset += len(raw)
+            yield text.removeprefix("\ufeff") if number == 1 else text
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict]]:
+    for line, text in enumerate(_text_lines(path), start=1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}:{line}: not valid JSON ({error.msg})") from None
+        except (ValueError, RecursionError) as error:  # 5000-digit numbers, [[[[...]]]]
+            message = str(error).splitlines()[0] if str(error) else "nested too deeply"
+            raise DataError(f"{path}:{line}: not valid JSON ({message})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{line}: expected a JSON object per line")
+        if "\\u" in text and _has_lone_surrogate(row):
+            raise DataError(f"{path}:{line}: a \\u escape stands for half a character")
+        yield line, row
+
+
+def _has_lone_surrogate(row: dict) -> bool:
+    """Whether a \\uD800-style escape left half a UTF-16 pair (no text file can hold it)."""
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _table_rows(
     path: Path, headerless_columns: tuple[str, ...] | None
 ) -> Iterator[tuple[int, dict]]:
     # GLUE's TSV fields hold unbalanced quote characters, so TSVs are read with quoting off;
-    # CSV needs quoting to hold commas inside fields. utf-8-sig drops MRPC's byte order mark.
+    # CSV needs quoting to hold commas inside fields.
     tab = path.suffix != ".csv"
     dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tab else {}
-    with path.open(encoding="utf-8-sig", newline="") as handle:
-        reader = csv.reader(handle, **dialect)
+    reader = csv.reader(_text_lines(path), **dialect)
+    try:
         header = list(headerless_columns) if headerless_columns else next(reader, None)
         if header is None:
             return
@@ -393,6 +427,17 @@ def _table_rows(
                     f"fields ({', '.join(header)}), found {len(fields)}"
                 )
             yield reader.line_num, dict(zip(header, fields, strict=True))
+    except csv.Error as error:
+        raise DataError(f"{path}:{reader.line_num}: {_csv_problem(error)}") from None
+
+
+def _csv_problem(error: csv.Error) -> str:
+    if "field limit" in str(error):
+        return (
+            f"a field is longer than {csv.field_size_limit():,} characters (a broken file, or a "
+            "quote character that opens a field and never closes?)"
+        )
+    return f"{error}; is it a CSV/TSV text file?"
 
 
 def _load_from_hub(task: Task, split: str) -> datasets.Dataset:

@@ -10,8 +10,11 @@ round trip reproduces the original state dict exactly.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,6 +30,7 @@ from transformers import (
 )
 from transformers import initialization as init
 
+from egbert.checkpoints import ALLOW_PICKLE_HELP, first_line, load_pretrained, read_model_config
 from egbert.errors import CheckpointError
 from egbert.models.bert import (
     EgbertBertConfig,
@@ -405,12 +409,17 @@ DEFAULT_ARCHITECTURE = {
 
 
 def convert_checkpoint(
-    source: str | Path, target: str | Path, to_transformers: bool = False
+    source: str | Path,
+    target: str | Path,
+    to_transformers: bool = False,
+    allow_pickle: bool = False,
 ) -> PreTrainedModel:
     """Convert the model saved in `source` and save it, with its tokenizer files, to `target`.
 
     Stock BERT/GPT-2 -> egbert by default; egbert -> stock with to_transformers=True.
-    Returns the converted model.
+    A pickle checkpoint (pytorch_model.bin) is read only with `allow_pickle`, through
+    torch.load(weights_only=True); the result is always written as safetensors, all at once:
+    a failed conversion leaves no half-written `target`. Returns the converted model.
     """
     source, target = Path(source), Path(target)
     architecture = read_architecture(source)
@@ -421,7 +430,7 @@ def convert_checkpoint(
                 f"converts egbert checkpoints ({', '.join(EGBERT_CLASSES)}); drop the flag to "
                 "convert to egbert"
             )
-        model = EGBERT_CLASSES[architecture].from_pretrained(source)
+        model = load_pretrained(EGBERT_CLASSES[architecture], source, allow_pickle)
         is_bert = isinstance(model.config, EgbertBertConfig)
         converted = bert_to_transformers(model) if is_bert else gpt2_to_transformers(model)
     else:
@@ -435,28 +444,48 @@ def convert_checkpoint(
                 f"{source} holds a {architecture}; egbert convert accepts stock "
                 f"{', '.join(STOCK_CLASSES)} checkpoints{hint}"
             )
-        model = STOCK_CLASSES[architecture].from_pretrained(source)
+        model = load_pretrained(STOCK_CLASSES[architecture], source, allow_pickle)
         is_bert = isinstance(model.config, BertConfig)
         converted = bert_from_transformers(model) if is_bert else gpt2_from_transformers(model)
-    converted.save_pretrained(target)
-    copy_tokenizer_files(source, target)
+    with staged_directory(target) as staging:
+        converted.save_pretrained(staging)
+        copy_tokenizer_files(source, staging)
     return converted
+
+
+@contextmanager
+def staged_directory(target: Path) -> Iterator[Path]:
+    """A temp folder beside `target` whose files move into `target` once the block succeeds
+    (files already in `target` are only replaced then); removed whatever happens."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    except OSError as error:
+        raise CheckpointError(f"cannot write to {target}: {first_line(error)}") from None
+    try:
+        yield staging
+        target.mkdir(exist_ok=True)
+        for file in staging.iterdir():
+            os.replace(file, target / file.name)
+    except OSError as error:
+        raise CheckpointError(
+            f"cannot write the converted model to {target}: {first_line(error)}"
+        ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def read_architecture(directory: Path) -> str:
     """The model class named by a checkpoint's config.json (its first `architectures` entry)."""
-    config_file = directory / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{directory} has no config.json: pass a saved model directory")
-    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config = read_model_config(directory)
     architectures = config.get("architectures") or []
     if architectures:
         return architectures[0]
     model_type = config.get("model_type")
     if model_type not in DEFAULT_ARCHITECTURE:
         raise CheckpointError(
-            f"{config_file} has model_type {model_type!r}; egbert convert accepts bert, gpt2, "
-            "egbert-bert and egbert-gpt checkpoints"
+            f"{directory / 'config.json'} has model_type {model_type!r}; egbert convert "
+            "accepts bert, gpt2, egbert-bert and egbert-gpt checkpoints"
         )
     return DEFAULT_ARCHITECTURE[model_type]
 
@@ -481,6 +510,9 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="convert egbert -> stock transformers classes (default: stock -> egbert)",
     )
+    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
     args = parser.parse_args(argv)
-    model = convert_checkpoint(args.source, args.target, to_transformers=args.to_transformers)
+    model = convert_checkpoint(
+        args.source, args.target, args.to_transformers, allow_pickle=args.allow_pickle
+    )
     print(f"wrote {type(model).__name__} to {args.target}")

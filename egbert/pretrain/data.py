@@ -66,6 +66,7 @@ from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
 from egbert.errors import ConfigError, DataError, EgbertError
+from egbert.tokenizer import check_encoding
 
 DOC_BOUNDARIES = ("blank", "wikitext", "line", "file")
 TokenizedDocs = Dataset | IterableDataset
@@ -103,6 +104,7 @@ def read_documents(
         raise ConfigError(
             f"unknown doc_boundary {doc_boundary!r}; choose one of {', '.join(DOC_BOUNDARIES)}"
         )
+    check_encoding(encoding, errors)
     # (path, size, mtime) so that an edited file misses the Arrow cache instead of reusing it.
     stamped = [(str(path), *_size_and_mtime(path)) for path in _check_files(files)]
     gen_kwargs = {

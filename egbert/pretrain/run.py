@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from accelerate.utils import set_seed
 from datasets import Dataset, IterableDataset
-from transformers import AutoConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
+from egbert.checkpoints import load_pretrained, read_model_config
 from egbert.config import PretrainArguments, load_preset, parse_args
 from egbert.errors import CheckpointError, ConfigError
 from egbert.models.bert import EgbertBertConfig, EgbertBertForMaskedLM, EgbertBertForPreTraining
@@ -137,16 +138,14 @@ def _model_class(args: PretrainArguments) -> type[PreTrainedModel]:
 
 def _load_existing_model(args: PretrainArguments) -> PreTrainedModel:
     path = Path(args.init_from)
-    if not (path / "config.json").is_file():
-        raise CheckpointError(f"--init-from {path}: no config.json; pass a saved model directory")
-    config = AutoConfig.from_pretrained(path)
+    model_type = read_model_config(path).get("model_type")
     expected = CONFIG_CLASSES[args.model].model_type
-    if config.model_type != expected:
+    if model_type != expected:
         raise CheckpointError(
-            f"--init-from {path} holds a {config.model_type!r} model, not {expected!r}; "
+            f"--init-from {path} holds a {model_type!r} model, not {expected!r}; "
             f"pass a {args.model} model or change --model"
         )
-    return _model_class(args).from_pretrained(path)
+    return load_pretrained(_model_class(args), path, allow_pickle=args.allow_pickle)
 
 
 # ---------------------------------------------------------------- data
