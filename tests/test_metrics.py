@@ -40,6 +40,12 @@ def test_stsb_is_pearson_and_spearman() -> None:
     assert result["spearmanr"] == pytest.approx(spearmanr(PREDICTED_SCORES, SCORES)[0], abs=1e-6)
 
 
+def test_a_constant_prediction_correlates_zero_not_nan() -> None:
+    """scipy returns nan for a constant input; a model that predicts one score gets 0."""
+    result = compute_task_metrics("stsb", [2.5] * len(SCORES), SCORES)
+    assert result == {"pearson": 0.0, "spearmanr": 0.0}
+
+
 @pytest.mark.parametrize("task", ["sst2", "mnli", "qnli", "rte", "wnli", "ax"])
 def test_other_tasks_are_accuracy(task: str) -> None:
     result = compute_task_metrics(task, PRED3.tolist(), GOLD3.tolist())

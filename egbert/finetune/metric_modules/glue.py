@@ -20,7 +20,8 @@ Returns:
     accuracy: fraction of exact matches (`accuracy`, `accuracy_f1`);
     f1: F1 of the positive class 1 (`accuracy_f1`);
     matthews_correlation: Matthews correlation coefficient, -1..1 (`matthews_correlation`);
-    pearson, spearmanr: correlation coefficients, -1..1 (`pearson_spearman`).
+    pearson, spearmanr: correlation coefficients, -1..1 (`pearson_spearman`); 0 when the
+        predictions are all equal (a correlation with a constant is undefined).
 """
 
 _CITATION = """@inproceedings{wang2019glue,
@@ -44,6 +45,11 @@ def compute_kind(kind: str, predictions, references) -> dict[str, float]:
         }
     if kind == "matthews_correlation":
         return {"matthews_correlation": float(matthews_corrcoef(references, predictions))}
+    if len(set(predictions)) < 2:
+        # A correlation with a constant is undefined (scipy gives nan); score it 0, as
+        # sklearn's Matthews correlation does for a constant prediction, so that averages and
+        # best-epoch choices stay numbers.
+        return {"pearson": 0.0, "spearmanr": 0.0}
     return {
         "pearson": float(pearsonr(predictions, references)[0]),
         "spearmanr": float(spearmanr(predictions, references)[0]),
