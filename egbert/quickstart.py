@@ -330,6 +330,7 @@ def finetune(
     """Fine-tune one model on one task with one head; reuses a finished result."""
     results = run_dir / "eval_results.json"
     if results.is_file():
+        print(f"    reusing {run_dir}", flush=True)
         return json.loads(results.read_text(encoding="utf-8"))
     argv = [
         "--task", task, "--model", str(model_dir), "--output-dir", str(run_dir),
