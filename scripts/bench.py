@@ -6,7 +6,13 @@ bidirectional LM), feeds both the same random batches, and times full AdamW trai
 alternating egbert and reference step by step in one process so that a ratio holds on a noisy
 machine. Reports the median tokens/s over the timed steps, MFU against the matmul peak measured
 in the same run (a 2048x2048 `torch.mm`), and peak RSS (each model measured alone in a fresh
-subprocess, since RSS only grows within a process).
+subprocess, since RSS only grows within a process). `--compile` rows run in a subprocess with a
+time limit, so that a model torch.compile cannot handle, or takes too long over, gives a row that
+says so instead of ending the run.
+
+A second table times egbert's data pipeline on real text (WikiText-2 and the shared WordPiece
+tokenizer): tokenization, NSP pair building, and the collators that run between training steps,
+in tokens/s next to training's, so a reader sees whether data could ever starve training.
 
     python scripts/bench.py --model all --precision all --json bench.json
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -22,15 +29,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from datasets import Dataset
 from torch import nn
 from transformers import BertConfig, BertForPreTraining, GPT2Config, GPT2LMHeadModel
 
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.pretrain.data import (
+    CausalLMCollator,
+    MLMCollator,
+    build_nsp_examples,
+    pack_blocks,
+    read_documents,
+    tokenize_documents,
+)
+from egbert.tokenizer import load_tokenizer, train_tokenizer
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 # The mini preset: L4 H256 A4 FFN1024; ELMo at a comparable size (2 layers, 256 proj, 1024 cell).
 LAYERS, HIDDEN, HEADS, FFN = 4, 256, 4, 1024
@@ -42,7 +62,6 @@ MLM_PROBABILITY = 0.15
 class Workload:
     """A model pair and the batch they both train on."""
 
-    name: str
     egbert: nn.Module
     reference: nn.Module
     batch: dict[str, torch.Tensor]
@@ -93,8 +112,7 @@ def bert_workload(vocab: int, batch: int, seq: int, sparse: bool) -> Workload:
         "next_sentence_label": torch.randint(0, 2, (batch,), generator=generator),
     }
     flops = transformer_flops(egbert.bert, batch * seq, int(masked.sum()), vocab, seq)
-    name = f"bert ({'sparse' if sparse else 'dense'} MLM)"
-    return Workload(name, egbert, reference, inputs, flops)
+    return Workload(egbert, reference, inputs, flops)
 
 
 def gpt_workload(vocab: int, batch: int, seq: int) -> Workload:
@@ -122,7 +140,7 @@ def gpt_workload(vocab: int, batch: int, seq: int) -> Workload:
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     inputs["labels"] = input_ids
     flops = transformer_flops(egbert.gpt, batch * seq, batch * seq, vocab, seq)
-    return Workload("gpt", egbert, reference, inputs, flops)
+    return Workload(egbert, reference, inputs, flops)
 
 
 class PlainBiLSTMLM(nn.Module):
@@ -168,20 +186,23 @@ def elmo_workload(vocab: int, batch: int, seq: int) -> Workload:
     inputs["labels"] = input_ids
     tokens = batch * seq
     flops = 6.0 * count_params(reference) * tokens + 2 * 6.0 * vocab * HIDDEN * tokens
-    return Workload("elmo", egbert, reference, inputs, flops)
+    return Workload(egbert, reference, inputs, flops)
 
 
-def workloads(model: str, vocab: int, batch: int, seq: int) -> list[Callable[[], Workload]]:
+def workloads(
+    model: str, vocab: int, batch: int, seq: int
+) -> list[tuple[str, Callable[[], Workload]]]:
+    """(row name, builder) of each workload of `model` ("all": every family), in table order."""
     builders = {
         "bert": [
-            lambda: bert_workload(vocab, batch, seq, sparse=True),
-            lambda: bert_workload(vocab, batch, seq, sparse=False),
+            ("bert (sparse MLM)", lambda: bert_workload(vocab, batch, seq, sparse=True)),
+            ("bert (dense MLM)", lambda: bert_workload(vocab, batch, seq, sparse=False)),
         ],
-        "gpt": [lambda: gpt_workload(vocab, batch, seq)],
-        "elmo": [lambda: elmo_workload(vocab, batch, seq)],
+        "gpt": [("gpt", lambda: gpt_workload(vocab, batch, seq))],
+        "elmo": [("elmo", lambda: elmo_workload(vocab, batch, seq))],
     }
-    names = list(builders) if model == "all" else [model]
-    return [builder for name in names for builder in builders[name]]
+    families = list(builders) if model == "all" else [model]
+    return [named for family in families for named in builders[family]]
 
 
 def training_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, dtype) -> float:
@@ -211,27 +232,117 @@ def prepare(model: nn.Module, compile_model: bool) -> tuple[nn.Module, torch.opt
     return (torch.compile(model) if compile_model else model), optimizer
 
 
-def time_pair(work: Workload, dtype: torch.dtype, compile_model: bool, warmup: int, steps: int):
-    """Median seconds per step of egbert and the reference, alternating step by step."""
+@dataclass
+class PairTimes:
+    """Seconds per training step of egbert and the reference: the median of the timed steps, and
+    the first step (which includes torch.compile's compilation)."""
+
+    egbert: float
+    reference: float
+    egbert_first: float
+    reference_first: float
+
+
+def time_pair(
+    work: Workload, dtype: torch.dtype, compile_model: bool, warmup: int, steps: int
+) -> PairTimes:
+    """Egbert and the reference trained alternately, step by step, in this process."""
     egbert, egbert_optimizer = prepare(work.egbert, compile_model)
     reference, reference_optimizer = prepare(work.reference, compile_model)
     egbert_times, reference_times = [], []
-    for step in range(warmup + steps):
-        egbert_seconds = training_step(egbert, egbert_optimizer, work.batch, dtype)
-        reference_seconds = training_step(reference, reference_optimizer, work.batch, dtype)
-        if step >= warmup:
-            egbert_times.append(egbert_seconds)
-            reference_times.append(reference_seconds)
-    return statistics.median(egbert_times), statistics.median(reference_times)
+    for _ in range(warmup + steps):
+        egbert_times.append(training_step(egbert, egbert_optimizer, work.batch, dtype))
+        reference_times.append(training_step(reference, reference_optimizer, work.batch, dtype))
+    return PairTimes(
+        statistics.median(egbert_times[warmup:]),
+        statistics.median(reference_times[warmup:]),
+        egbert_times[0],
+        reference_times[0],
+    )
 
 
-def peak_rss_mb(args: argparse.Namespace, index: int, side: str, precision: str) -> float:
-    """Peak RSS of one model training alone, in a fresh interpreter."""
+def timing_row(
+    args: argparse.Namespace, index: int, precision: str, compile_model: bool, peak: float
+) -> dict:
+    """One table row, timed in this process (peak RSS is filled in by the caller)."""
+    name, build = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)[index]
+    work = build()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    times = time_pair(work, dtype, compile_model, args.warmup, args.steps)
+    tokens = args.batch_size * args.seq_len
+    note = ""
+    if compile_model:
+        note = (
+            f"first step (compiling) {times.egbert_first:.0f} s egbert, "
+            f"{times.reference_first:.0f} s reference"
+        )
+    return {
+        "model": name,
+        "precision": precision,
+        "compile": compile_model,
+        "egbert_tokens_per_s": tokens / times.egbert,
+        "reference_tokens_per_s": tokens / times.reference,
+        "ratio": times.reference / times.egbert,
+        "egbert_mfu": work.flops_per_step / times.egbert / peak,
+        "reference_mfu": work.flops_per_step / times.reference / peak,
+        "egbert_peak_rss_mb": float("nan"),
+        "reference_peak_rss_mb": float("nan"),
+        "egbert_first_step_s": times.egbert_first,
+        "reference_first_step_s": times.reference_first,
+        "note": note,
+    }
+
+
+def compiled_row(args: argparse.Namespace, index: int, precision: str, peak: float) -> dict:
+    """A --compile row, timed in a subprocess with a time limit: torch.compile can fail, or take
+    far longer than the steps it speeds up, on some models and machines; either becomes the
+    row's note rather than the end of the run."""
     command = [
+        *_child_command(args),
+        "--row-of",
+        f"{index}:{precision}",
+        "--compile",
+        "--peak-flops",
+        str(peak),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+    ]
+    try:
+        result = subprocess.run(
+            command, check=True, capture_output=True, text=True, timeout=args.compile_timeout
+        )
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        note = f"torch.compile: no result within {args.compile_timeout} s"
+    except subprocess.CalledProcessError as error:
+        lines = error.stderr.strip().splitlines() or [f"exit status {error.returncode}"]
+        note = f"torch.compile failed: {lines[-1][:160]}"
+    name = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)[index][0]
+    nan = float("nan")
+    row = dict.fromkeys(ROW_NUMBERS, nan)
+    return {"model": name, "precision": precision, "compile": True, **row, "note": note}
+
+
+ROW_NUMBERS = (
+    "egbert_tokens_per_s",
+    "reference_tokens_per_s",
+    "ratio",
+    "egbert_mfu",
+    "reference_mfu",
+    "egbert_peak_rss_mb",
+    "reference_peak_rss_mb",
+    "egbert_first_step_s",
+    "reference_first_step_s",
+)
+
+
+def _child_command(args: argparse.Namespace) -> list[str]:
+    """This script, run again on the same workloads, for the parts measured in a subprocess."""
+    return [
         sys.executable,
         __file__,
-        "--memory-of",
-        f"{index}:{side}:{precision}",
         "--model",
         args.model,
         "--batch-size",
@@ -241,6 +352,11 @@ def peak_rss_mb(args: argparse.Namespace, index: int, side: str, precision: str)
         "--vocab-size",
         str(args.vocab_size),
     ]
+
+
+def peak_rss_mb(args: argparse.Namespace, index: int, side: str, precision: str) -> float:
+    """Peak RSS of one model training alone, in a fresh interpreter."""
+    command = [*_child_command(args), "--memory-of", f"{index}:{side}:{precision}"]
     result = subprocess.run(command, check=True, capture_output=True, text=True)
     return float(result.stdout.strip().splitlines()[-1])
 
@@ -254,7 +370,8 @@ def peak_rss_of_this_process_mb() -> float:
 
 def measure_memory_alone(args: argparse.Namespace) -> None:
     index, side, precision = args.memory_of.split(":")
-    work = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)[int(index)]()
+    _, build = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)[int(index)]
+    work = build()
     model = work.egbert if side == "egbert" else work.reference
     del work.egbert, work.reference
     model, optimizer = prepare(model, compile_model=False)
@@ -264,19 +381,107 @@ def measure_memory_alone(args: argparse.Namespace) -> None:
     print(peak_rss_of_this_process_mb())
 
 
+# ---------------------------------------------------------------- the data pipeline
+
+
+def data_folder(path: str | None) -> Path:
+    """--data, else $EGBERT_DATA, else ../shared/data beside the checkout (as the quickstart)."""
+    return Path(path or os.environ.get("EGBERT_DATA") or REPOSITORY.parent / "shared" / "data")
+
+
+def timed(function: Callable, *args, **kwargs) -> tuple[object, float]:
+    start = time.perf_counter()
+    result = function(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
+def collated_tokens_per_s(examples, collator, batch_size: int, batches: int) -> float:
+    """Padded tokens/s of fetching random rows from the data set and collating them, the work
+    the training loop's DataLoader does between steps (the trainer's default: no workers)."""
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(0)).tolist()
+    tokens, seconds = 0, 0.0
+    for start in range(0, min(batches * batch_size, len(order) - batch_size + 1), batch_size):
+        begin = time.perf_counter()
+        batch = collator(examples.__getitems__(order[start : start + batch_size]))
+        seconds += time.perf_counter() - begin
+        tokens += batch["input_ids"].numel()
+    return tokens / seconds
+
+
+def data_rows(args: argparse.Namespace) -> list[dict]:
+    """Tokens/s of each stage of egbert's pretraining data path on the first WikiText-2
+    articles: the once-per-corpus stages (tokenizing, building NSP pairs) and the per-step ones
+    (the collators that make each batch_size x seq_len batch)."""
+    corpus = data_folder(args.data) / "corpus" / "wikitext-2" / "wiki.train.tokens"
+    if not corpus.is_file():
+        raise SystemExit(f"{corpus}: not found; pass --data (or set EGBERT_DATA), or --no-data")
+    if args.tokenizer:
+        tokenizer = load_tokenizer(args.tokenizer)
+    else:
+        print(f"training a {args.vocab_size}-entry WordPiece tokenizer on {corpus} ...", flush=True)
+        tokenizer = train_tokenizer([corpus], vocab_size=args.vocab_size, show_progress=False)
+    documents = read_documents([corpus], doc_boundary="wikitext")
+    # in memory, so that no stage below is answered from the Arrow cache of an earlier run
+    articles = Dataset.from_dict({"text": documents["text"][: args.data_documents]})
+    tokenized, tokenize_s = timed(tokenize_documents, articles, tokenizer)
+    corpus_tokens = sum(len(segment) for row in tokenized["input_ids"] for segment in row)
+    pairs, pairs_s = timed(
+        build_nsp_examples,
+        tokenized,
+        args.seq_len,
+        cls_id=tokenizer.cls_token_id,
+        sep_id=tokenizer.sep_token_id,
+    )
+    pair_tokens = sum(len(ids) for ids in pairs["input_ids"])
+    blocks = pack_blocks(tokenized, args.seq_len, tokenizer.eos_token_id)
+    batches = dict(batch_size=args.batch_size, batches=args.data_batches)
+    size = f"batch {args.batch_size}"
+    stages = [
+        ("tokenize_documents (WordPiece, sentences)", "once", corpus_tokens / tokenize_s),
+        (f"build_nsp_examples (seq {args.seq_len})", "once", pair_tokens / pairs_s),
+        (
+            f"MLMCollator, NSP pairs, dynamic masking ({size})",
+            "every step",
+            collated_tokens_per_s(pairs, MLMCollator(tokenizer), **batches),
+        ),
+        (
+            f"CausalLMCollator, packed blocks ({size})",
+            "every step",
+            collated_tokens_per_s(blocks, CausalLMCollator(tokenizer), **batches),
+        ),
+    ]
+    return [{"stage": stage, "runs": runs, "tokens_per_s": rate} for stage, runs, rate in stages]
+
+
+# ---------------------------------------------------------------- tables
+
+
 def markdown_table(rows: list[dict]) -> str:
     header = (
         "| model | precision | compile | egbert tokens/s | reference tokens/s | ratio "
-        "| egbert MFU | reference MFU | egbert peak RSS MB | reference peak RSS MB |"
+        "| egbert MFU | reference MFU | egbert peak RSS MB | reference peak RSS MB | note |"
     )
-    lines = [header, "|" + "---|" * 10]
+    lines = [header, "|" + "---|" * 11]
     for row in rows:
         lines.append(
             f"| {row['model']} | {row['precision']} | {row['compile']} "
             f"| {row['egbert_tokens_per_s']:,.0f} | {row['reference_tokens_per_s']:,.0f} "
             f"| {row['ratio']:.2f}x | {row['egbert_mfu']:.2f} | {row['reference_mfu']:.2f} "
-            f"| {row['egbert_peak_rss_mb']:,.0f} | {row['reference_peak_rss_mb']:,.0f} |"
+            f"| {row['egbert_peak_rss_mb']:,.0f} | {row['reference_peak_rss_mb']:,.0f} "
+            f"| {row['note']} |"
         )
+    return "\n".join(lines)
+
+
+def data_table(rows: list[dict], training_tokens_per_s: float | None) -> str:
+    """The data stages; per-step stages also as the share of a training step they would add
+    at the fastest egbert training speed measured in this run."""
+    lines = ["| data stage | runs | tokens/s | share of a training step |", "|---|---|---|---|"]
+    for row in rows:
+        share = "-"
+        if row["runs"] == "every step" and training_tokens_per_s:
+            share = f"{training_tokens_per_s / row['tokens_per_s']:.1%}"
+        lines.append(f"| {row['stage']} | {row['runs']} | {row['tokens_per_s']:,.0f} | {share} |")
     return "\n".join(lines)
 
 
@@ -285,14 +490,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=["bert", "gpt", "elmo", "all"], default="all")
     parser.add_argument("--precision", choices=["fp32", "bf16", "all"], default="all")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
+    parser.add_argument(
+        "--compile-timeout",
+        type=int,
+        default=1800,
+        help="seconds a --compile row may take before it is reported as too slow (default: 1800)",
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--vocab-size", type=int, default=30522)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak RSS runs")
-    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--no-data", action="store_true", help="skip the data pipeline table")
+    parser.add_argument(
+        "--data", help="data folder with corpus/wikitext-2 (default: $EGBERT_DATA, else ../shared)"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        help="a saved egbert tokenizer for the data table (default: train a WordPiece one)",
+    )
+    parser.add_argument(
+        "--data-documents", type=int, default=100, help="WikiText-2 articles (default: 100)"
+    )
+    parser.add_argument(
+        "--data-batches", type=int, default=50, help="batches per collator (default: 50)"
+    )
+    parser.add_argument("--json", help="also write both tables to this JSON file")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
+    parser.add_argument("--row-of", help=argparse.SUPPRESS)
+    parser.add_argument("--peak-flops", type=float, help=argparse.SUPPRESS)
     return parser
 
 
@@ -301,6 +528,10 @@ def main() -> None:
     torch.manual_seed(0)
     if args.memory_of:
         measure_memory_alone(args)
+        return
+    if args.row_of:
+        index, precision = args.row_of.split(":")
+        print(json.dumps(timing_row(args, int(index), precision, args.compile, args.peak_flops)))
         return
     precisions = ["fp32", "bf16"] if args.precision == "all" else [args.precision]
     compile_modes = [False, True] if args.compile else [False]
@@ -313,41 +544,32 @@ def main() -> None:
         flush=True,
     )
     rows = []
-    tokens = args.batch_size * args.seq_len
-    for index, build in enumerate(
-        workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)
-    ):
+    named = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)
+    for index in range(len(named)):
         for precision in precisions:
             for compile_model in compile_modes:
-                work = build()
-                dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-                egbert_s, reference_s = time_pair(
-                    work, dtype, compile_model, args.warmup, args.steps
-                )
-                no_memory = args.no_memory or compile_model
-                row = {
-                    "model": work.name,
-                    "precision": precision,
-                    "compile": compile_model,
-                    "egbert_tokens_per_s": tokens / egbert_s,
-                    "reference_tokens_per_s": tokens / reference_s,
-                    "ratio": reference_s / egbert_s,
-                    "egbert_mfu": work.flops_per_step / egbert_s / peaks[precision],
-                    "reference_mfu": work.flops_per_step / reference_s / peaks[precision],
-                    "egbert_peak_rss_mb": float("nan")
-                    if no_memory
-                    else peak_rss_mb(args, index, "egbert", precision),
-                    "reference_peak_rss_mb": float("nan")
-                    if no_memory
-                    else peak_rss_mb(args, index, "reference", precision),
-                }
+                if compile_model:
+                    row = compiled_row(args, index, precision, peaks[precision])
+                else:
+                    row = timing_row(args, index, precision, False, peaks[precision])
+                    if not args.no_memory:
+                        for side in ("egbert", "reference"):
+                            row[f"{side}_peak_rss_mb"] = peak_rss_mb(args, index, side, precision)
                 rows.append(row)
                 print(markdown_table([row]).splitlines()[-1], flush=True)
     print()
     print(markdown_table(rows))
+    data = [] if args.no_data else data_rows(args)
+    if data:
+        fastest = max(
+            (row["egbert_tokens_per_s"] for row in rows if row["egbert_tokens_per_s"] > 0),
+            default=None,
+        )
+        print()
+        print(data_table(data, fastest))
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=2)
+            json.dump({"training": rows, "data": data}, handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 
 from egbert.errors import ConfigError
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM, EgbertGPTModel
+from egbert.models.layers import linear_cross_entropy
 
 CONFIGS = Path(__file__).resolve().parents[1] / "egbert" / "configs"
 
@@ -199,3 +200,70 @@ def test_text_generation_pipeline_runs_on_a_saved_model(tiny_gpt2_dir: Path, tmp
     generator = pipeline("text-generation", model=str(tmp_path))
     result = generator("Hello world", max_new_tokens=5, do_sample=False)
     assert result[0]["generated_text"].startswith("Hello world")
+
+
+def loss_and_gradients(model, ids, labels, **forward) -> tuple[torch.Tensor, dict]:
+    model.zero_grad()
+    output = model(ids, labels=labels, **forward)
+    output.loss.backward()
+    gradients = {name: p.grad.clone() for name, p in model.named_parameters()}
+    return output, gradients
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_training_loss_without_logits_equals_the_dense_loss_and_gradients(label_smoothing) -> None:
+    model = tiny_model(label_smoothing=label_smoothing).train()  # dropout 0: deterministic
+    ids = random_ids(batch=3, length=12)
+    labels = ids.clone()
+    labels[0, 4:7] = -100
+    labels[2, -2:] = -100
+    chunked, chunked_grads = loss_and_gradients(model, ids, labels)
+    model.config.logits_in_training = True
+    dense, dense_grads = loss_and_gradients(model, ids, labels)
+    assert chunked.logits is None and dense.logits is not None
+    torch.testing.assert_close(chunked.loss, dense.loss, atol=1e-5, rtol=0)
+    for name, gradient in dense_grads.items():
+        torch.testing.assert_close(chunked_grads[name], gradient, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_training_loss_without_logits_follows_bf16_autocast() -> None:
+    model = tiny_model().train()
+    ids = random_ids(batch=3, length=12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        chunked, chunked_grads = loss_and_gradients(model, ids, ids)
+        model.config.logits_in_training = True
+        dense, dense_grads = loss_and_gradients(model, ids, ids)
+    torch.testing.assert_close(chunked.loss, dense.loss, atol=1e-3, rtol=0)
+    for name, gradient in dense_grads.items():
+        torch.testing.assert_close(chunked_grads[name], gradient, atol=2e-3, rtol=2e-2, msg=name)
+
+
+def test_eval_and_no_grad_forwards_keep_their_logits() -> None:
+    model = tiny_model()
+    ids = random_ids()
+    assert model(ids, labels=ids).logits is not None  # eval mode
+    with torch.no_grad():
+        assert model.train()(ids, labels=ids).logits is not None
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 4, 64])
+def test_linear_cross_entropy_matches_linear_then_cross_entropy(chunk_rows: int) -> None:
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 9, 8, generator=generator, requires_grad=True)
+    weight = torch.randn(30, 8, generator=generator, requires_grad=True)
+    bias = torch.randn(30, generator=generator, requires_grad=True)
+    targets = torch.randint(0, 30, (2, 9), generator=generator)
+    targets[1, :3] = -100
+    chunked = linear_cross_entropy(hidden, weight, targets, bias, 0.2, chunk_rows=chunk_rows)
+    dense = F.cross_entropy(
+        F.linear(hidden, weight, bias).flatten(0, 1), targets.flatten(), label_smoothing=0.2
+    )
+    (2 * chunked).backward()
+    chunked_grads = [tensor.grad.clone() for tensor in (hidden, weight, bias)]
+    for tensor in (hidden, weight, bias):
+        tensor.grad = None
+    (2 * dense).backward()
+    torch.testing.assert_close(chunked, dense)
+    for chunked_grad, tensor in zip(chunked_grads, (hidden, weight, bias), strict=True):
+        torch.testing.assert_close(chunked_grad, tensor.grad)
+    assert torch.isnan(linear_cross_entropy(hidden, weight, torch.full((2, 9), -100)))

@@ -24,6 +24,8 @@ from transformers import (
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
+from egbert.models.layers import linear_cross_entropy
+
 
 class EgbertElmoConfig(PretrainedConfig):
     """Sizes of the biLM. `hidden_size` is both the token embedding size and the size each LSTM
@@ -41,6 +43,9 @@ class EgbertElmoConfig(PretrainedConfig):
     pad_token_id: int | None = 0
     label_smoothing: float = 0.0
     tie_word_embeddings: bool = True
+    # A training forward (model.train(), gradients on) with labels computes its loss chunk by chunk
+    # without the (tokens, vocab) logits and returns None for them; True computes them as well.
+    logits_in_training: bool = False
 
 
 @dataclass
@@ -196,7 +201,8 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
         return_dict: bool | None = None,
     ) -> EgbertElmoBidirectionalLMOutput | tuple:
         """`labels` are the input ids themselves (-100 to ignore a position); the model shifts
-        them each way. Padding (attention_mask 0) is never a target."""
+        them each way. Padding (attention_mask 0) is never a target. A training forward with
+        labels returns no logits unless config.logits_in_training."""
         if return_dict is None:
             return_dict = self.config.return_dict
         outputs = self.elmo(
@@ -206,20 +212,24 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
             return_dict=True,
         )
         forward_states, backward_states = outputs.last_hidden_state.chunk(2, dim=-1)
-        forward_logits = self.lm_head(self.dropout(forward_states))  # (batch, seq, vocab)
-        backward_logits = self.lm_head(self.dropout(backward_states))
+        forward_states, backward_states = (
+            self.dropout(forward_states),
+            self.dropout(backward_states),
+        )
 
-        loss = forward_loss = backward_loss = None
+        forward_logits = backward_logits = loss = forward_loss = backward_loss = None
         if labels is not None:
-            next_tokens, previous_tokens = labels[:, 1:], labels[:, :-1]
-            if attention_mask is not None:
-                # A pair counts only when both the predicting position and its target are real:
-                # the backward state at the first pad would otherwise predict the last token.
-                real_pairs = (attention_mask[:, 1:] * attention_mask[:, :-1]).bool()
-                next_tokens = next_tokens.masked_fill(~real_pairs, -100)
-                previous_tokens = previous_tokens.masked_fill(~real_pairs, -100)
-            forward_loss = self._token_loss(forward_logits[:, :-1], next_tokens)
-            backward_loss = self._token_loss(backward_logits[:, 1:], previous_tokens)
+            next_tokens, previous_tokens = bidirectional_targets(labels, attention_mask)
+        if labels is not None and self._skips_logits():
+            forward_loss = self._chunked_token_loss(forward_states, next_tokens)
+            backward_loss = self._chunked_token_loss(backward_states, previous_tokens)
+        else:
+            forward_logits = self.lm_head(forward_states)  # (batch, seq, vocab)
+            backward_logits = self.lm_head(backward_states)
+            if labels is not None:
+                forward_loss = self._token_loss(forward_logits, next_tokens)
+                backward_loss = self._token_loss(backward_logits, previous_tokens)
+        if labels is not None:
             loss = (forward_loss + backward_loss) / 2
 
         output = EgbertElmoBidirectionalLMOutput(
@@ -232,13 +242,46 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
         )
         return output if return_dict else output.to_tuple()
 
+    def _skips_logits(self) -> bool:
+        """Whether a forward with labels leaves out the logits (see config.logits_in_training):
+        only when training, where a backward will use the gradients linear_cross_entropy computes
+        on the way."""
+        return self.training and torch.is_grad_enabled() and not self.config.logits_in_training
+
     def _token_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(
-            logits.reshape(-1, logits.size(-1)),
-            targets.reshape(-1),
+            logits.flatten(0, 1),
+            targets.flatten(),
             ignore_index=-100,
             label_smoothing=self.config.label_smoothing,
         )
+
+    def _chunked_token_loss(self, states: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return linear_cross_entropy(
+            states,
+            self.lm_head.weight,
+            targets,
+            bias=self.lm_head.bias,
+            label_smoothing=self.config.label_smoothing,
+        )
+
+
+def bidirectional_targets(
+    labels: torch.Tensor, attention_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What each position predicts: the next token in the forward LM, the previous one in the
+    backward LM; each (batch, seq), -100 where there is nothing to predict.
+
+    Shifting the labels rather than the logits keeps the (batch, seq, vocab) logits uncopied.
+    """
+    next_tokens, previous_tokens = labels[:, 1:], labels[:, :-1]
+    if attention_mask is not None:
+        # A pair counts only when both the predicting position and its target are real:
+        # the backward state at the first pad would otherwise predict the last token.
+        real_pairs = (attention_mask[:, 1:] * attention_mask[:, :-1]).bool()
+        next_tokens = next_tokens.masked_fill(~real_pairs, -100)
+        previous_tokens = previous_tokens.masked_fill(~real_pairs, -100)
+    return F.pad(next_tokens, (0, 1), value=-100), F.pad(previous_tokens, (1, 0), value=-100)
 
 
 AutoConfig.register(EgbertElmoConfig.model_type, EgbertElmoConfig, exist_ok=True)

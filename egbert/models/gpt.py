@@ -30,6 +30,7 @@ from egbert.models.layers import (
     check_sequence_length,
     check_transformer_config,
     init_transformer_weights,
+    linear_cross_entropy,
     self_attention_mask,
 )
 
@@ -55,6 +56,9 @@ class EgbertGPTConfig(PretrainedConfig):
     label_smoothing: float = 0.0
     use_cache: bool = True
     tie_word_embeddings: bool = True
+    # A training forward (model.train(), gradients on) with labels computes its loss chunk by chunk
+    # without the (tokens, vocab) logits and returns logits=None; True computes them as well.
+    logits_in_training: bool = False
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -198,6 +202,7 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast | tuple:
         """labels may simply be input_ids: they are shifted here; -100 marks positions to ignore.
         logits_to_keep > 0 computes logits for the last that many positions only (generate uses 1).
+        A training forward with labels returns logits=None unless config.logits_in_training.
         """
         decoded = self.gpt(
             input_ids,
@@ -210,16 +215,27 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
             return_dict=True,
         )
         hidden = decoded.last_hidden_state
-        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
-        loss = None
+        logits = loss = None
         if labels is not None:
-            # position t predicts token t + 1
-            loss = F.cross_entropy(
-                logits[:, :-1].reshape(-1, self.config.vocab_size),
-                labels[:, 1:].reshape(-1),
-                ignore_index=-100,
+            # position t predicts token t + 1, the last position nothing; shifting the labels
+            # rather than the logits keeps the (batch, seq, vocab) logits uncopied
+            next_tokens = F.pad(labels[:, 1:], (0, 1), value=-100)
+        if labels is not None and self._skips_logits():
+            loss = linear_cross_entropy(
+                hidden,
+                self.lm_head.weight,
+                next_tokens,
                 label_smoothing=self.config.label_smoothing,
             )
+        else:
+            logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+            if labels is not None:
+                loss = F.cross_entropy(
+                    logits.flatten(0, 1),
+                    next_tokens.flatten(),
+                    ignore_index=-100,
+                    label_smoothing=self.config.label_smoothing,
+                )
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
@@ -228,6 +244,12 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
             attentions=decoded.attentions,
         )
         return output if _default(return_dict, self.config.return_dict) else output.to_tuple()
+
+    def _skips_logits(self) -> bool:
+        """Whether a forward with labels leaves out the logits (see config.logits_in_training):
+        only when training, where a backward will use the gradients linear_cross_entropy computes
+        on the way."""
+        return self.training and torch.is_grad_enabled() and not self.config.logits_in_training
 
 
 def _default(value: bool | None, config_value: bool | None) -> bool:

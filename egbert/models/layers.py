@@ -1,8 +1,9 @@
-"""Transformer building blocks shared by egbert's BERT and GPT: embeddings, attention, MLP, block.
+"""Building blocks shared by egbert's models: embeddings, attention, MLP, block, LM-head loss.
 
-Both models are stacks of the same block; they differ in where the LayerNorms sit (after each
+BERT and GPT are stacks of the same block; they differ in where the LayerNorms sit (after each
 residual sum in BERT, before each sublayer in GPT), in whether attention is causal, and in the
-GELU variant (exact in BERT, the tanh approximation in GPT-2).
+GELU variant (exact in BERT, the tanh approximation in GPT-2). GPT and ELMo train their LM heads
+through `linear_cross_entropy`, which never holds the (tokens, vocab) logits.
 """
 
 from __future__ import annotations
@@ -250,6 +251,92 @@ class TransformerBlock(GradientCheckpointingLayer):
             fed = self.feed_forward(hidden_states)
             hidden_states = self.feed_forward_norm(hidden_states + self.dropout(fed))
         return hidden_states, weights
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
+    chunk_rows: int = 256,
+) -> torch.Tensor:
+    """F.cross_entropy(F.linear(hidden, weight, bias), targets, ignore_index=-100,
+    label_smoothing=...) for a training step, without ever holding the (rows, vocab) logits.
+
+    At a vocabulary of 30k the LM head's logits dwarf the rest of a small model: materialising
+    them in float32, the log-softmax, its gradient and their copies cost as much time as the
+    transformer itself. Here rows whose target is -100 are dropped first, and the rest go through
+    the head `chunk_rows` at a time: each chunk's logits are turned into its loss and, while they
+    are still in cache, into the gradients of hidden, weight and bias (softmax minus the smoothed
+    one-hot, times the head). backward() only scales those by the incoming gradient. The matmuls
+    run in the autocast dtype and the softmax in float32, as the dense F.linear + F.cross_entropy
+    would under autocast. The gradients are computed in the forward pass, so call it only when a
+    backward will follow (use the dense path under torch.no_grad).
+    """
+    hidden = hidden.reshape(-1, hidden.shape[-1])  # (rows, hidden)
+    targets = targets.reshape(-1)
+    kept = targets != -100
+    device = hidden.device.type
+    autocast = torch.is_autocast_enabled(device)
+    dtype = torch.get_autocast_dtype(device) if autocast else weight.dtype
+    return _LinearCrossEntropy.apply(
+        hidden[kept], weight, bias, targets[kept], dtype, label_smoothing, chunk_rows
+    )
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of a linear head over rows that all have a target; see
+    linear_cross_entropy. The gradients are computed chunk by chunk in forward()."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, dtype, label_smoothing, chunk_rows):
+        rows, vocab = hidden.shape[0], weight.shape[0]
+        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        # the casts are spelled out here, so autocast must not add its own
+        with torch.autocast(hidden.device.type, enabled=False):
+            inputs, head = hidden.to(dtype), weight.to(dtype)
+            head_bias = None if bias is None else bias.to(dtype)
+            grad_hidden = torch.empty_like(hidden) if needs_hidden else None
+            grad_weight = torch.zeros_like(weight, dtype=torch.float32) if needs_weight else None
+            grad_bias = torch.zeros_like(bias, dtype=torch.float32) if needs_bias else None
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            for start in range(0, rows, chunk_rows):
+                chunk = slice(start, start + chunk_rows)
+                logits = F.linear(inputs[chunk], head, head_bias).float()  # (chunk, vocab)
+                log_probs = logits.log_softmax(dim=-1)
+                target = targets[chunk, None]  # (chunk, 1)
+                total -= (1 - label_smoothing) * log_probs.gather(1, target).sum()
+                if label_smoothing:
+                    total -= label_smoothing / vocab * log_probs.sum()
+                # d loss / d logits of each row: softmax - (1 - eps) * one_hot(target) - eps / vocab
+                grad_logits = log_probs.exp_()
+                grad_logits.scatter_add_(
+                    1, target, torch.full(target.shape, label_smoothing - 1.0, device=target.device)
+                )
+                if label_smoothing:
+                    grad_logits.sub_(label_smoothing / vocab)
+                if needs_bias:
+                    grad_bias += grad_logits.sum(dim=0)
+                grad_logits = grad_logits.to(dtype)
+                if needs_hidden:
+                    grad_hidden[chunk] = grad_logits @ head
+                if needs_weight:
+                    grad_weight += grad_logits.T @ inputs[chunk]  # (vocab, hidden)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.rows = rows
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return total / rows  # NaN without any target, as F.cross_entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        scale = grad_loss / max(ctx.rows, 1)
+        grads = [
+            None if grad is None else (grad * scale).to(dtype)
+            for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)
+        ]
+        return (*grads, None, None, None, None)
 
 
 def check_transformer_config(config) -> None:
