@@ -222,8 +222,9 @@ def test_long_inputs_are_truncated_with_a_count_or_windowed(loaded: dict):
     full = loaded["bert"][1](long_text).encodings[0]
     assert windowed[0].tokens == full.tokens and windowed[0].offsets == full.offsets
     pooled = run(loaded, "bert", [long_text], pool="mean", stride=16)
+    # Two float32 sums of ~180 vectors in different orders: agree to float32 rounding, not 1e-6.
     np.testing.assert_allclose(
-        pooled[0], run(loaded, "bert", [long_text], stride=16)[0].vectors.mean(0), atol=1e-6
+        pooled[0], run(loaded, "bert", [long_text], stride=16)[0].vectors.mean(0), atol=1e-5
     )
 
     # a text that fits in one window gets exactly the unwindowed vectors
