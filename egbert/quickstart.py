@@ -336,7 +336,8 @@ def finetune(
         "--task", task, "--model", str(model_dir), "--output-dir", str(run_dir),
         "--epochs", str(1 if task == "sst2" else plan.epochs), "--lr", str(FINETUNE_LR),
         "--batch-size", "32", "--max-seq-length", "128", "--seed", str(plan.seed),
-        "--max-train-samples", str(plan.finetune_samples), "--bf16", *head.flags(),
+        "--max-train-samples", str(plan.finetune_samples), "--bf16", "--no-predict",
+        *head.flags(),
     ]  # fmt: skip
     if data is not None:
         argv += ["--data-dir", str(data / "glue")]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -467,10 +468,15 @@ def markdown_table(rows: list[dict]) -> str:
             f"| {row['model']} | {row['precision']} | {row['compile']} "
             f"| {row['egbert_tokens_per_s']:,.0f} | {row['reference_tokens_per_s']:,.0f} "
             f"| {row['ratio']:.2f}x | {row['egbert_mfu']:.2f} | {row['reference_mfu']:.2f} "
-            f"| {row['egbert_peak_rss_mb']:,.0f} | {row['reference_peak_rss_mb']:,.0f} "
+            f"| {megabytes(row['egbert_peak_rss_mb'])} | {megabytes(row['reference_peak_rss_mb'])} "
             f"| {row['note']} |"
         )
     return "\n".join(lines)
+
+
+def megabytes(value: float) -> str:
+    """Peak RSS for the table; compiled rows are timed only, so theirs is NaN and shows as -."""
+    return "-" if math.isnan(value) else f"{value:,.0f}"
 
 
 def data_table(rows: list[dict], training_tokens_per_s: float | None) -> str:

