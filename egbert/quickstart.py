@@ -294,11 +294,17 @@ def random_bert(plan: Plan, output_dir: Path, tokenizer) -> Path:
     set_seed(plan.seed)
     args = PretrainArguments(model="bert", tokenizer="", train_files=[], preset=plan.preset)
     model, _ = pretrain_run.build_model(args, tokenizer)
+    return save_untrained(model, tokenizer, run_dir)
+
+
+def save_untrained(model, tokenizer, run_dir: Path) -> Path:
+    """Save a model at its random initial weights like a pretrained one (all at once: a run
+    killed meanwhile leaves no half-written folder for a rerun to mistake for a finished one)."""
     staging = run_dir.with_name(f".{run_dir.name}.partial")
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     staging.replace(run_dir)
-    print(f"  {SCRATCH}: saved random weights to {run_dir}", flush=True)
+    print(f"  {run_dir.name}: saved random weights to {run_dir}", flush=True)
     return run_dir
 
 
@@ -556,11 +562,16 @@ def build_parser(prog: str = "egbert quickstart") -> argparse.ArgumentParser:
     return parser
 
 
-def check_args(args: argparse.Namespace) -> None:
+def check_scale_args(args: argparse.Namespace) -> None:
+    """--budget-minutes and --max-train-samples, shared with scripts that run at a budget."""
     if not args.budget_minutes > 0:
         raise ConfigError(f"--budget-minutes must be > 0, got {args.budget_minutes}")
     if args.max_train_samples is not None and args.max_train_samples < 1:
         raise ConfigError(f"--max-train-samples must be >= 1, got {args.max_train_samples}")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    check_scale_args(args)
     if args.epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
     if args.from_hub and args.data:

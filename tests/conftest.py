@@ -80,3 +80,30 @@ def one_thread_and_fresh_accelerate():
     torch.set_num_threads(threads)
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+def _head(path: Path, lines: int) -> str:
+    with path.open(encoding="utf-8") as handle:
+        return "".join(next(handle) for _ in range(lines))
+
+
+@pytest.fixture(scope="session")
+def micro_data(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared data's layout, cut down for end-to-end pipelines: 1,500 lines of WikiText-2
+    train and 200 of valid, the start of a Latin-1 Gutenberg book (its first non-UTF-8 byte
+    included), and a few dozen RTE and STS-B rows."""
+    root = tmp_path_factory.mktemp("micro-data")
+    corpus = root / "corpus"
+    (corpus / "wikitext-2").mkdir(parents=True)
+    (corpus / "gutenberg").mkdir()
+    source = data_dir / "corpus" / "wikitext-2"
+    for name, lines in (("wiki.train.tokens", 1500), ("wiki.valid.tokens", 200)):
+        (corpus / "wikitext-2" / name).write_text(_head(source / name, lines), encoding="utf-8")
+    book = (data_dir / "corpus" / "gutenberg" / "shakespeare-caesar.txt").read_bytes()[:24000]
+    (corpus / "gutenberg" / "shakespeare-caesar.txt").write_bytes(book)
+    for task in ("RTE", "STS-B"):
+        (root / "glue" / task).mkdir(parents=True)
+        for name, rows in (("train.tsv", 24), ("dev.tsv", 16)):
+            text = _head(data_dir / "glue" / task / name, rows + 1)  # header + rows
+            (root / "glue" / task / name).write_text(text, encoding="utf-8")
+    return root

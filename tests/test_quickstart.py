@@ -19,28 +19,6 @@ MICRO = ["--budget-minutes", "0.2", "--vocab-size", "600", "--max-train-samples"
 MICRO += ["--epochs", "1", "--tasks", *TASKS]
 
 
-def _head(path: Path, lines: int) -> str:
-    with path.open(encoding="utf-8") as handle:
-        return "".join(next(handle) for _ in range(lines))
-
-
-@pytest.fixture(scope="module")
-def micro_data(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shared data's layout, cut down: 1,500 lines of WikiText-2, a few dozen GLUE rows."""
-    root = tmp_path_factory.mktemp("quickstart-data")
-    corpus = root / "corpus" / "wikitext-2"
-    corpus.mkdir(parents=True)
-    source = data_dir / "corpus" / "wikitext-2"
-    (corpus / "wiki.train.tokens").write_text(_head(source / "wiki.train.tokens", 1500))
-    (corpus / "wiki.valid.tokens").write_text(_head(source / "wiki.valid.tokens", 200))
-    for task in ("RTE", "STS-B"):
-        (root / "glue" / task).mkdir(parents=True)
-        for name, rows in (("train.tsv", 24), ("dev.tsv", 16)):
-            text = _head(data_dir / "glue" / task / name, rows + 1)  # header + rows
-            (root / "glue" / task / name).write_text(text, encoding="utf-8")
-    return root
-
-
 @pytest.fixture(scope="module")
 def finished_run(micro_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("quickstart") / "run"

@@ -1,0 +1,521 @@
+"""Egbert's pretraining recipe against the stock transformers one at the same CPU budget (#9).
+
+    python scripts/recipe_compare.py --budget-minutes 25 --preset mini [--tasks sst2 rte ...] \\
+        [--output-dir runs/recipe-compare] [--data PATH] [--max-train-samples N] \\
+        [--ablate nsp mask-rate beta2 lr dropout pre-ln sparse-logits]
+
+1. trains the WordPiece tokenizer (16k) once on WikiText-2 train + the Gutenberg books;
+2. pretrains bert on that corpus for --budget-minutes twice: with the stock recipe
+   (scripts/stock_recipe.py, plain transformers.Trainer) and with egbert's (`egbert pretrain`
+   with EGBERT_RECIPE), and once more per --ablate candidate, egbert's recipe with that one
+   choice flipped; saves egbert's model at its random initial weights as "scratch";
+3. fine-tunes every model identically with `egbert finetune` (FINETUNE_FLAGS) on the tasks;
+4. writes `results.md` (GLUE scores x 100 and their average, plus an ablation table),
+   `results.json` and `loss_curves.png` (training loss against minutes), and prints them.
+
+A rerun reuses every finished step; a rerun with another preset, budget, vocabulary, sample
+count or recipe on the same --output-dir is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from transformers import set_seed
+
+from egbert import quickstart
+from egbert.config import PretrainArguments, load_preset, parse_args
+from egbert.errors import ConfigError, DataError, EgbertError, TrainingError
+from egbert.finetune import run as finetune_run
+from egbert.finetune.metrics import glue_score
+from egbert.models.bert import EgbertBertConfig
+from egbert.pretrain import run as pretrain_run
+from egbert.tokenizer import load_tokenizer, train_tokenizer
+from egbert.trainer import TrainingArguments
+
+STOCK_SCRIPT = Path(__file__).resolve().with_name("stock_recipe.py")
+PRESETS = ("tiny", "mini", "small", "base")  # the sizes both recipes know
+DEFAULT_TASKS = ["sst2", "mrpc", "stsb", "rte", "cola"]
+SEED = 42
+STOCK, EGBERT, SCRATCH = "stock", "egbert", "scratch"
+
+# Egbert's recipe: `egbert pretrain --model bert --preset P --budget-minutes M` plus these
+# options; everything not named here is a default of `egbert pretrain` or of the preset.
+EGBERT_RECIPE = [
+    "--doc-boundary", "wikitext",
+    # Two Gutenberg books are Latin-1 in a few bytes: replace those rather than stop.
+    "--encoding-errors", "replace",
+    "--seq-len", "128",
+    "--bf16",
+]  # fmt: skip
+
+# The same fine-tuning for every model (SST-2, 67k examples, gets one epoch instead of three);
+# dev scores are all the tables need, so no test-set prediction files.
+FINETUNE_FLAGS = [
+    "--lr", "1e-4", "--batch-size", "32", "--max-seq-length", "128", "--seed", str(SEED),
+    "--bf16", "--no-predict",
+]  # fmt: skip
+FINETUNE_EPOCHS, SST2_EPOCHS = 3, 1
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A choice of egbert's recipe that --ablate flips: options of `egbert pretrain`, or fields
+    of the bert model config (passed as a preset file), all set to one value."""
+
+    fields: tuple[str, ...]
+    in_model_config: bool
+    settings: tuple[Any, Any]  # the ablation uses the first of these the recipe does not use
+    label: Callable[[Any], str]  # a setting as the row label shows it
+
+    def flipped(self, recipe_value: Any) -> Any:
+        return next(value for value in self.settings if value != recipe_value)
+
+
+CANDIDATES = {
+    "nsp": Candidate(("nsp",), False, (False, True), lambda on: "NSP" if on else "no NSP"),
+    "mask-rate": Candidate(("mlm_probability",), False, (0.2, 0.15), lambda p: f"mask {p:.0%}"),
+    "beta2": Candidate(("adam_beta2",), False, (0.98, 0.999), lambda b: f"beta2 {b:g}"),
+    "lr": Candidate(("lr",), False, (1e-3, 2e-3), lambda lr: f"lr {lr:.0e}".replace("e-0", "e-")),
+    "dropout": Candidate(
+        ("hidden_dropout_prob", "attention_probs_dropout_prob"),
+        True,
+        (0.0, 0.1),
+        lambda p: f"dropout {p:g}" if p else "no dropout",
+    ),
+    "pre-ln": Candidate(
+        ("pre_layernorm",), True, (True, False), lambda pre: "pre-LN" if pre else "post-LN"
+    ),
+    "sparse-logits": Candidate(
+        ("sparse_mlm_logits",),
+        True,
+        (False, True),
+        lambda sparse: f"{'sparse' if sparse else 'dense'} MLM logits",
+    ),
+}
+
+
+# ---------------------------------------------------------------- data and options
+
+
+def find_corpus(data_arg: str | None) -> tuple[Path, list[Path]]:
+    """The data folder and its pretraining files: WikiText-2 train + the Gutenberg books."""
+    data = Path(data_arg or os.environ.get("EGBERT_DATA") or quickstart.DEFAULT_DATA)
+    train_files, _ = quickstart.corpus_files(data)
+    if not train_files[0].is_file():
+        raise DataError(
+            f"{train_files[0]}: not found; point --data (or EGBERT_DATA) at a folder with "
+            "corpus/wikitext-2/wiki.train.tokens, corpus/gutenberg/*.txt and glue/<TASK>/"
+        )
+    return data, train_files
+
+
+def check_options(output_dir: Path, options: dict[str, Any]) -> None:
+    """Record the options that shape every run; refuse to mix runs made with other ones."""
+    path = output_dir / "options.json"
+    if path.is_file():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        changed = [f"{k} {saved.get(k)} -> {v}" for k, v in options.items() if saved.get(k) != v]
+        if changed:
+            raise ConfigError(
+                f"{output_dir} holds runs made with other options ({'; '.join(changed)}); "
+                "pass another --output-dir, or the same options"
+            )
+        return
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(options, indent=2) + "\n", encoding="utf-8")
+
+
+def prepare_tokenizer(output_dir: Path, files: Sequence[Path], vocab_size: int) -> Path:
+    """Train the shared WordPiece tokenizer once; later runs reuse it."""
+    tokenizer_dir = output_dir / "tokenizer"
+    if (tokenizer_dir / "tokenizer.json").is_file():
+        print(f"  reusing {tokenizer_dir}", flush=True)
+        return tokenizer_dir
+    print(f"  training WordPiece ({vocab_size:,}) on {len(files)} files", flush=True)
+    # The trainer decodes strictly: give it UTF-8 copies with the Latin-1 bytes replaced.
+    with tempfile.TemporaryDirectory(prefix="recipe-compare-") as folder:
+        copies = []
+        for number, path in enumerate(files):
+            copy = Path(folder) / f"{number}-{path.name}"
+            copy.write_text(path.read_text(encoding="utf-8", errors="replace"), encoding="utf-8")
+            copies.append(copy)
+        train_tokenizer(copies, vocab_size=vocab_size, out_dir=tokenizer_dir, show_progress=False)
+    return tokenizer_dir
+
+
+# ---------------------------------------------------------------- egbert's recipe and ablations
+
+
+def recipe_arguments(
+    preset: str, extra: Sequence[str] = ()
+) -> tuple[PretrainArguments, TrainingArguments]:
+    """`egbert pretrain`'s options under egbert's recipe (files and folders left blank)."""
+    argv = ["--model", "bert", "--tokenizer", "", "--train-files", "", "--output-dir", ""]
+    argv += ["--preset", preset, *EGBERT_RECIPE, *extra]
+    return parse_args((PretrainArguments, TrainingArguments), argv, "egbert pretrain", "")
+
+
+def recipe_value(candidate: Candidate, preset: str) -> Any:
+    """What egbert's recipe uses for the candidate's (first) field."""
+    pretrain_args, training_args = recipe_arguments(preset)
+    name = candidate.fields[0]
+    if candidate.in_model_config:
+        config = EgbertBertConfig(**load_preset("bert", pretrain_args.preset))
+        return getattr(config, name)
+    return getattr(pretrain_args if hasattr(pretrain_args, name) else training_args, name)
+
+
+def plan_ablation(name: str, preset: str, presets_dir: Path) -> dict[str, Any]:
+    """How candidate `name` flips egbert's recipe: the row label, both settings as the tables
+    show them, and the options of `egbert pretrain` that do it."""
+    candidate = CANDIDATES[name]
+    recipe = recipe_value(candidate, preset)
+    value = candidate.flipped(recipe)
+    return {
+        "label": f"{EGBERT}, {candidate.label(value)}",
+        "recipe": candidate.label(recipe),
+        "setting": candidate.label(value),
+        "flags": ablation_flags(name, value, preset, presets_dir),
+    }
+
+
+def ablation_flags(name: str, value: Any, preset: str, presets_dir: Path) -> list[str]:
+    """Options that set the candidate's fields to `value`. Model config fields go through a
+    preset file, since `egbert pretrain` takes no single config field on its command line."""
+    candidate = CANDIDATES[name]
+    if not candidate.in_model_config:
+        options = [f"--{field.replace('_', '-')}" for field in candidate.fields]
+        return [arg for option in options for arg in (option, str(value))]
+    pretrain_args, _ = recipe_arguments(preset)
+    config = load_preset("bert", pretrain_args.preset) | dict.fromkeys(candidate.fields, value)
+    presets_dir.mkdir(parents=True, exist_ok=True)
+    path = presets_dir / f"bert-{Path(pretrain_args.preset).stem}-{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return ["--preset", str(path)]
+
+
+# ---------------------------------------------------------------- pretraining
+
+
+def pretrain_stock(
+    run_dir: Path, tokenizer_dir: Path, files: Sequence[Path], preset: str, budget: float
+) -> Path:
+    """The stock recipe in its own process, as a user would run it."""
+    if quickstart.is_finished(run_dir):
+        print(f"  {STOCK}: reusing {run_dir}", flush=True)
+        return run_dir
+    command = [
+        sys.executable, str(STOCK_SCRIPT), "--tokenizer", str(tokenizer_dir),
+        "--train-files", *map(str, files), "--preset", preset, "--budget-minutes", str(budget),
+        "--output-dir", str(run_dir), "--seed", str(SEED),
+    ]  # fmt: skip
+    print(f"  {STOCK}: {budget:g} min -> {run_dir}", flush=True)
+    code = subprocess.run(command, check=False).returncode
+    if code != 0 or not quickstart.is_finished(run_dir):
+        raise TrainingError(f"{STOCK_SCRIPT.name} failed (exit code {code}); see its output above")
+    return run_dir
+
+
+def pretrain_egbert(
+    label: str,
+    run_dir: Path,
+    tokenizer_dir: Path,
+    files: Sequence[Path],
+    preset: str,
+    budget: float,
+    extra: Sequence[str] = (),
+) -> Path:
+    """Egbert's recipe (with `extra` options last, so they win); resumes an interrupted run."""
+    if quickstart.is_finished(run_dir):
+        print(f"  {label}: reusing {run_dir}", flush=True)
+        return run_dir
+    argv = [
+        "--model", "bert", "--preset", preset, "--tokenizer", str(tokenizer_dir),
+        "--train-files", *map(str, files), "--budget-minutes", str(budget),
+        "--seed", str(SEED), "--output-dir", str(run_dir),
+        "--save-every", "500", "--keep-checkpoints", "1",  # for resuming, not part of the recipe
+        *EGBERT_RECIPE, *extra,
+    ]  # fmt: skip
+    if (run_dir / "checkpoints").is_dir():
+        argv.append("--resume")
+    print(f"  {label}: {budget:g} min -> {run_dir}", flush=True)
+    pretrain_run.main(argv)
+    return run_dir
+
+
+def save_scratch(run_dir: Path, tokenizer_dir: Path, preset: str) -> Path:
+    """Egbert's recipe model at its random initial weights, saved like a pretrained one."""
+    if quickstart.is_finished(run_dir):
+        print(f"  {SCRATCH}: reusing {run_dir}", flush=True)
+        return run_dir
+    tokenizer = load_tokenizer(tokenizer_dir)
+    pretrain_args, _ = recipe_arguments(preset)
+    set_seed(SEED)
+    model, _ = pretrain_run.build_model(pretrain_args, tokenizer)
+    return quickstart.save_untrained(model, tokenizer, run_dir)
+
+
+# ---------------------------------------------------------------- fine-tuning
+
+
+def finetune(
+    model_dir: Path, task: str, run_dir: Path, glue_dir: Path, max_train_samples: int | None
+) -> float:
+    """One model on one task with FINETUNE_FLAGS; returns its GLUE score (a finished run is
+    reused, an interrupted one resumed)."""
+    results = run_dir / "eval_results.json"
+    if results.is_file():
+        print(f"    reusing {run_dir}", flush=True)
+    else:
+        epochs = SST2_EPOCHS if task == "sst2" else FINETUNE_EPOCHS
+        argv = ["--task", task, "--model", str(model_dir), "--output-dir", str(run_dir)]
+        argv += ["--data-dir", str(glue_dir), "--epochs", str(epochs), *FINETUNE_FLAGS]
+        if max_train_samples:
+            argv += ["--max-train-samples", str(max_train_samples)]
+        if (run_dir / "checkpoints").is_dir():
+            argv.append("--resume")
+        finetune_run.main(argv)
+    return json.loads(results.read_text(encoding="utf-8"))["score"]
+
+
+# ---------------------------------------------------------------- results
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def loss_curve(run_dir: Path) -> list[tuple[float, float]]:
+    """(minutes of training, training loss) as the run logged them: the stock script's
+    loss_curve.jsonl, or the train records of egbert's metrics.jsonl."""
+    if (run_dir / "loss_curve.jsonl").is_file():
+        return [(r["minutes"], r["loss"]) for r in read_jsonl(run_dir / "loss_curve.jsonl")]
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    return [(r["elapsed_s"] / 60, r["loss"]) for r in records if r.get("split") == "train"]
+
+
+def loss_name(run_dir: Path) -> str:
+    """What the logged loss sums: egbert's bert with NSP logs MLM + NSP."""
+    args_file = run_dir / "pretrain_args.json"
+    if args_file.is_file():
+        nsp = json.loads(args_file.read_text(encoding="utf-8"))["pretrain"]["nsp"]
+        return "MLM + NSP" if nsp else "MLM"
+    return "MLM"
+
+
+def pretraining_summary(run_dir: Path) -> dict[str, Any]:
+    """Steps, minutes of training and the last logged training loss of a pretraining run."""
+    curve = loss_curve(run_dir)
+    if (run_dir / "recipe.json").is_file():
+        recipe = json.loads((run_dir / "recipe.json").read_text(encoding="utf-8"))
+        summary = {"steps": recipe["steps"], "minutes": recipe["minutes"]}
+    else:
+        summary = {k: v for k, v in quickstart.pretraining_summary(run_dir).items() if k != "eval"}
+    return summary | {"loss": loss_name(run_dir), "final_loss": curve[-1][1] if curve else None}
+
+
+def pretraining_table(summaries: dict[str, dict[str, Any]]) -> str:
+    lines = ["| model | steps | minutes | final training loss |", "|---|---:|---:|---|"]
+    for label, s in summaries.items():
+        loss = f"{s['final_loss']:.3f} ({s['loss']})" if s["final_loss"] is not None else "none"
+        lines.append(f"| {label} | {s['steps']:,} | {s['minutes']:.1f} | {loss} |")
+    return "\n".join(lines)
+
+
+def ablation_table(ablations: dict[str, dict[str, Any]], averages: dict[str, float]) -> str:
+    """One row per flipped candidate: the recipe's setting, the ablation's, and the GLUE
+    average against egbert's."""
+    lines = ["| candidate | egbert's recipe | ablation | average | vs egbert |"]
+    lines.append("|---|---|---|---:|---:|")
+    for name, ablation in ablations.items():
+        average = averages[ablation["label"]]
+        delta = average - averages[EGBERT]
+        lines.append(
+            f"| {name} | {ablation['recipe']} | {ablation['setting']} | {100 * average:.1f} "
+            f"| {100 * delta:+.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_loss_curves(path: Path, run_dirs: dict[str, Path]) -> None:
+    """Training loss against minutes of training, one line per pretraining run."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for label, run_dir in run_dirs.items():
+        curve = loss_curve(run_dir)
+        if curve:
+            minutes, losses = zip(*curve, strict=True)
+            style = "-" if label in (STOCK, EGBERT) else "--"
+            axes.plot(minutes, losses, style, label=f"{label} ({loss_name(run_dir)})")
+    axes.set_xlabel("minutes of training")
+    axes.set_ylabel("training loss")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+def pretrain_all(
+    args: argparse.Namespace, tokenizer_dir: Path, files: list[Path]
+) -> tuple[dict[str, Path], dict[str, dict[str, Any]]]:
+    """Every pretrained model (label -> directory) and the ablations it includes."""
+    pretrain_dir = args.output_dir / "pretrain"
+    shared = (tokenizer_dir, files, args.preset, args.budget_minutes)
+    run_dirs = {
+        STOCK: pretrain_stock(pretrain_dir / STOCK, *shared),
+        EGBERT: pretrain_egbert(EGBERT, pretrain_dir / EGBERT, *shared),
+    }
+    ablations = {}
+    for name in args.ablate:
+        ablation = ablations[name] = plan_ablation(name, args.preset, args.output_dir / "presets")
+        run_dir = pretrain_dir / f"{EGBERT}-ablate-{name}"
+        label = ablation["label"]
+        run_dirs[label] = pretrain_egbert(label, run_dir, *shared, extra=ablation["flags"])
+    return run_dirs, ablations
+
+
+def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
+    """Tokenizer -> pretraining -> fine-tuning -> results; returns the report it writes."""
+    start = time.perf_counter()
+    data, files = find_corpus(args.data)
+    tasks = quickstart.resolve_tasks(args.tasks or DEFAULT_TASKS, data)
+    output_dir = args.output_dir
+    check_options(
+        output_dir,
+        {
+            "preset": args.preset,
+            "budget_minutes": args.budget_minutes,
+            "vocab_size": args.vocab_size,
+            "max_train_samples": args.max_train_samples,
+            "egbert_recipe": EGBERT_RECIPE,
+        },
+    )
+    print(f"[1/4] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
+    tokenizer_dir = prepare_tokenizer(output_dir, files, args.vocab_size)
+
+    print(
+        f"[2/4] pretraining bert ({args.preset}) for {args.budget_minutes:g} min each", flush=True
+    )
+    run_dirs, ablations = pretrain_all(args, tokenizer_dir, files)
+    pretraining = {label: pretraining_summary(path) for label, path in run_dirs.items()}
+    model_dirs = run_dirs | {
+        SCRATCH: save_scratch(output_dir / "pretrain" / SCRATCH, tokenizer_dir, args.preset)
+    }
+
+    runs = [(label, task) for label in model_dirs for task in tasks]
+    print(f"[3/4] fine-tuning {len(model_dirs)} models on {', '.join(tasks)}", flush=True)
+    scores: dict[str, dict[str, float]] = {}
+    for number, (label, task) in enumerate(runs, 1):
+        print(f"  ({number}/{len(runs)}) {label} / {task}", flush=True)
+        run_dir = output_dir / "finetune" / model_dirs[label].name / task
+        score = finetune(model_dirs[label], task, run_dir, data / "glue", args.max_train_samples)
+        scores.setdefault(label, {})[task] = score
+
+    print(f"[4/4] results -> {output_dir / 'results.md'}", flush=True)
+    averages = {label: glue_score(by_task) for label, by_task in scores.items()}
+    tables = [quickstart.results_table(scores, tasks)]
+    if ablations:
+        tables.append(ablation_table(ablations, averages))
+    report = {
+        "preset": args.preset,
+        "budget_minutes": args.budget_minutes,
+        "tasks": tasks,
+        "egbert_recipe": EGBERT_RECIPE,
+        "scores": scores,
+        "averages": averages,
+        "pretraining": pretraining,
+        "ablations": ablations,
+        "minutes": round((time.perf_counter() - start) / 60, 2),
+    }
+    (output_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (output_dir / "results.md").write_text("\n\n".join(tables) + "\n", encoding="utf-8")
+    plot_loss_curves(output_dir / "loss_curves.png", run_dirs)
+    print(pretraining_table(pretraining))
+    print()
+    print("\n\n".join(tables), flush=True)
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scripts/recipe_compare.py", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=25.0,
+        help="pretraining minutes per run (default: %(default)s)",
+    )
+    parser.add_argument("--preset", choices=PRESETS, default="mini", help="default: %(default)s")
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        metavar="TASK",
+        help=f"GLUE tasks (default: {' '.join(DEFAULT_TASKS)})",
+    )
+    parser.add_argument(
+        "--output-dir", type=Path, default=Path("runs/recipe-compare"), help="default: %(default)s"
+    )
+    parser.add_argument(
+        "--data",
+        help="data folder with corpus/ and glue/ (default: $EGBERT_DATA, else ../shared/data "
+        "beside the checkout)",
+    )
+    parser.add_argument(
+        "--max-train-samples",
+        type=int,
+        metavar="N",
+        help="fine-tuning examples per task (default: all)",
+    )
+    parser.add_argument("--vocab-size", type=int, default=16000, help="default: %(default)s")
+    parser.add_argument(
+        "--ablate",
+        nargs="+",
+        default=[],
+        metavar="CANDIDATE",
+        help=f"flip one choice of egbert's recipe per run: {', '.join(CANDIDATES)}",
+    )
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    quickstart.check_scale_args(args)
+    unknown = [name for name in args.ablate if name not in CANDIDATES]
+    if unknown:
+        raise ConfigError(
+            f"--ablate {', '.join(unknown)}: unknown candidate; use any of {', '.join(CANDIDATES)}"
+        )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_args(args)
+        return run_comparison(args)
+    except EgbertError as error:
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+
+
+if __name__ == "__main__":
+    main()

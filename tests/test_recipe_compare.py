@@ -1,0 +1,141 @@
+"""scripts/recipe_compare.py end to end with a micro budget, and its ablation candidates."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+
+from egbert.pretrain.run import build_model
+from egbert.tokenizer import load_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+# scripts/ is no package: load the script from its file (registered first: dataclasses need it)
+_spec = importlib.util.spec_from_file_location(
+    "recipe_compare", REPO / "scripts" / "recipe_compare.py"
+)
+recipe_compare = sys.modules["recipe_compare"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(recipe_compare)
+
+ROWS = ["stock", "egbert", "scratch"]
+TASKS = ["rte", "stsb"]
+MICRO = ["--preset", "tiny", "--budget-minutes", "0.1", "--vocab-size", "600"]
+MICRO += ["--max-train-samples", "24", "--tasks", *TASKS]
+
+
+@pytest.fixture(scope="module")
+def finished_run(micro_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One thread here and in the stock recipe's process: the machine is shared."""
+    out = tmp_path_factory.mktemp("recipe-compare") / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    # Accelerate's process-wide state must not carry another module's precision in or ours out.
+    _reset_accelerate()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("OMP_NUM_THREADS", "1")
+            recipe_compare.main(["--data", str(micro_data), "--output-dir", str(out), *MICRO])
+    finally:
+        torch.set_num_threads(threads)
+        _reset_accelerate()
+    return out
+
+
+def _reset_accelerate() -> None:
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def test_the_table_has_a_finite_number_for_every_model_and_task(finished_run: Path):
+    report = json.loads((finished_run / "results.json").read_text())
+    assert report["tasks"] == TASKS
+    assert list(report["scores"]) == ROWS
+    table = (finished_run / "results.md").read_text().strip().splitlines()
+    assert table[0] == "| model | rte (acc) | stsb (Pearson/Spearman) | average |"
+    rows = table[2:]
+    assert [row.split("|")[1].strip() for row in rows] == ROWS
+    for row in rows:
+        numbers = [float(cell) for cell in row.strip("|").split("|")[1:]]
+        assert len(numbers) == len(TASKS) + 1 and all(map(math.isfinite, numbers))
+        assert numbers[-1] == pytest.approx(sum(numbers[:-1]) / len(TASKS), abs=0.06)
+
+    # Both recipes trained within the budget and logged a loss curve.
+    for label in ("stock", "egbert"):
+        summary = report["pretraining"][label]
+        assert summary["steps"] >= 1 and summary["minutes"] <= 0.1 + 0.05
+        assert math.isfinite(summary["final_loss"])
+    assert report["pretraining"]["egbert"]["loss"] == "MLM + NSP"
+    assert (finished_run / "loss_curves.png").stat().st_size > 1000
+    stock = finished_run / "pretrain" / "stock"
+    assert json.loads((stock / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+
+
+def test_a_rerun_reuses_every_finished_step(
+    finished_run: Path, micro_data: Path, capsys: pytest.CaptureFixture
+):
+    before = json.loads((finished_run / "results.json").read_text())
+    weights = [finished_run / "pretrain" / row / "model.safetensors" for row in ROWS]
+    stamps = [path.stat().st_mtime_ns for path in weights]
+    capsys.readouterr()
+    start = time.perf_counter()
+    recipe_compare.main(["--data", str(micro_data), "--output-dir", str(finished_run), *MICRO])
+    assert time.perf_counter() - start < 20
+    printed = capsys.readouterr().out
+    assert printed.count("reusing") == 1 + len(ROWS) + len(ROWS) * len(TASKS)
+    assert [path.stat().st_mtime_ns for path in weights] == stamps
+    assert json.loads((finished_run / "results.json").read_text())["scores"] == before["scores"]
+
+
+@pytest.mark.parametrize("name", list(recipe_compare.CANDIDATES))
+def test_each_ablation_flips_one_choice_of_the_recipe(
+    name: str, tmp_path: Path, tiny_tokenizer_dir: Path
+):
+    candidate = recipe_compare.CANDIDATES[name]
+    ablation = recipe_compare.plan_ablation(name, "tiny", tmp_path)
+    assert ablation["setting"] != ablation["recipe"]
+    assert ablation["label"] == f"egbert, {ablation['setting']}"
+
+    recipe = recipe_compare.recipe_arguments("tiny")
+    flipped = recipe_compare.recipe_arguments("tiny", ablation["flags"])
+    if candidate.in_model_config:
+        tokenizer = load_tokenizer(tiny_tokenizer_dir)
+        configs = [build_model(args[0], tokenizer)[0].config for args in (recipe, flipped)]
+        values = [[getattr(c, field) for field in candidate.fields] for c in configs]
+    else:
+        values = [
+            [getattr(a if hasattr(a, field) else b, field) for field in candidate.fields]
+            for a, b in (recipe, flipped)
+        ]
+    assert values[1] != values[0] and len(set(values[1])) == 1
+    assert candidate.label(values[1][0]) == ablation["setting"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--ablate", "nsp", "warp-drive"], "--ablate warp-drive: unknown candidate"),
+        (["--budget-minutes", "0"], "--budget-minutes must be > 0"),
+        (["--data", "{tmp}"], "wiki.train.tokens: not found; point --data"),
+        (["--data", "{data}", "--tasks", "rte", "nosuch"], "unknown task 'nosuch'"),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr(
+    argv: list[str],
+    message: str,
+    micro_data: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+):
+    argv = [arg.replace("{tmp}", str(tmp_path)).replace("{data}", str(micro_data)) for arg in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        recipe_compare.main([*argv, "--output-dir", str(tmp_path / "out")])
+    assert exit_info.value.code == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error, error
