@@ -58,15 +58,18 @@ def check_encoding(encoding: str, errors: str = "strict") -> None:
         )
 
 
-def iter_lines(files: Sequence[str | os.PathLike], encoding: str = "utf-8") -> Iterator[str]:
-    """Yield the non-blank lines of each file, streaming; a decode error names the byte offset."""
-    check_encoding(encoding)
+def iter_lines(
+    files: Sequence[str | os.PathLike], encoding: str = "utf-8", errors: str = "strict"
+) -> Iterator[str]:
+    """Yield the non-blank lines of each file, streaming; a decode error names the byte offset
+    (with errors="strict"; "replace" substitutes U+FFFD for undecodable bytes instead)."""
+    check_encoding(encoding, errors)
     for file in files:
         offset = 0
         with open(file, "rb") as handle:
             for raw in handle:
                 try:
-                    line = raw.decode(encoding)
+                    line = raw.decode(encoding, errors)
                 except UnicodeDecodeError as error:
                     raise DataError(
                         f"{file}: byte 0x{raw[error.start]:02x} at offset {offset + error.start} "
@@ -150,6 +153,7 @@ def train_tokenizer(
     min_frequency: int = 2,
     encoding: str = "utf-8",
     show_progress: bool = True,
+    encoding_errors: str = "strict",
 ) -> PreTrainedTokenizerFast:
     """Train the shared tokenizer on text files (streamed line by line) and optionally save it.
 
@@ -187,10 +191,11 @@ def train_tokenizer(
         )
     # A first pass decodes everything, so a bad byte fails before minutes of training, and
     # gives the trainer's progress bar its length.
-    n_lines = sum(1 for _ in iter_lines(paths, encoding))
+    n_lines = sum(1 for _ in iter_lines(paths, encoding, encoding_errors))
     if n_lines == 0:
         raise DataError(f"{', '.join(map(str, paths))}: no text (only blank lines)")
-    tokenizer.train_from_iterator(iter_lines(paths, encoding), trainer=trainer, length=n_lines)
+    lines = iter_lines(paths, encoding, encoding_errors)
+    tokenizer.train_from_iterator(lines, trainer=trainer, length=n_lines)
     _add_bert_template(tokenizer)
     wrapped = _wrap(tokenizer)
     if out_dir is not None:
