@@ -42,6 +42,13 @@ class PretrainArguments:
         default=None,
         metadata={"help": "start from this saved model directory instead of random weights"},
     )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={
+            "help": "change fields of the preset's model config, as transformers' run_mlm.py "
+            "does: 'pre_layernorm=true,hidden_dropout_prob=0' (a fresh model only)"
+        },
+    )
     allow_pickle: bool = field(
         default=False,
         metadata={
@@ -181,6 +188,22 @@ def available_presets(family: str) -> list[str]:
     names = [entry.name for entry in folder.iterdir() if entry.name.endswith(".yaml")]
     prefix = f"{family}-"
     return sorted(name[len(prefix) : -len(".yaml")] for name in names if name.startswith(prefix))
+
+
+def apply_config_overrides(config, overrides: str | None) -> None:
+    """Set the model config fields that `overrides` names ("key=value,key=value", the format of
+    `PretrainedConfig.update_from_string`), each cast to the type the field has."""
+    if not overrides:
+        return
+    if any("=" not in item for item in overrides.split(",")):
+        raise ConfigError(f"--config-overrides {overrides!r}: write key=value pairs, comma-split")
+    try:
+        config.update_from_string(overrides)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"--config-overrides {overrides!r}: {error}; the {config.model_type} config's fields "
+            "are in its config.json"
+        ) from None
 
 
 def load_preset(family: str, preset_or_path: str) -> dict[str, Any]:

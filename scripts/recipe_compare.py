@@ -7,8 +7,8 @@
 1. trains the WordPiece tokenizer (16k) once on WikiText-2 train + the Gutenberg books;
 2. pretrains bert on that corpus for --budget-minutes twice: with the stock recipe
    (scripts/stock_recipe.py, plain transformers.Trainer) and with egbert's (`egbert pretrain`
-   with EGBERT_RECIPE), and once more per --ablate candidate, egbert's recipe with that one
-   choice flipped; saves egbert's model at its random initial weights as "scratch";
+   with EGBERT_RECIPE and EGBERT_MODEL), and once more per --ablate candidate, egbert's recipe
+   with that one choice flipped; saves egbert's model at its random initial weights as "scratch";
 3. fine-tunes every model identically with `egbert finetune` (FINETUNE_FLAGS) on the tasks;
 4. writes `results.md` (GLUE scores x 100 and their average, plus an ablation table),
    `results.json` and `loss_curves.png` (training loss against minutes), and prints them.
@@ -30,11 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from transformers import set_seed
 
 from egbert import quickstart
-from egbert.config import PretrainArguments, load_preset, parse_args
+from egbert.config import PretrainArguments, apply_config_overrides, load_preset, parse_args
 from egbert.errors import ConfigError, DataError, EgbertError, TrainingError
 from egbert.finetune import run as finetune_run
 from egbert.finetune.metrics import glue_score
@@ -57,13 +56,25 @@ EGBERT_RECIPE = [
     "--encoding-errors", "replace",
     "--seq-len", "128",
     "--bf16",
+    "--nsp", "false",
+    "--lr", "1e-3",
+    "--adam-beta2", "0.98",
+    "--warmup-steps", "0.06",
 ]  # fmt: skip
+# ...and the fields of the preset's model config it changes (pretraining only: fine-tuning
+# puts BERT's dropout back, see FINETUNE_FLAGS).
+EGBERT_MODEL = {
+    "pre_layernorm": True,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
 
 # The same fine-tuning for every model (SST-2, 67k examples, gets one epoch instead of three);
 # dev scores are all the tables need, so no test-set prediction files.
 FINETUNE_FLAGS = [
     "--lr", "1e-4", "--batch-size", "32", "--max-seq-length", "128", "--seed", str(SEED),
     "--bf16", "--no-predict",
+    "--config-overrides", "hidden_dropout_prob=0.1,attention_probs_dropout_prob=0.1",
 ]  # fmt: skip
 FINETUNE_EPOCHS, SST2_EPOCHS = 3, 1
 
@@ -162,8 +173,15 @@ def recipe_arguments(
 ) -> tuple[PretrainArguments, TrainingArguments]:
     """`egbert pretrain`'s options under egbert's recipe (files and folders left blank)."""
     argv = ["--model", "bert", "--tokenizer", "", "--train-files", "", "--output-dir", ""]
-    argv += ["--preset", preset, *EGBERT_RECIPE, *extra]
+    argv += ["--preset", preset, *recipe_options(), *extra]
     return parse_args((PretrainArguments, TrainingArguments), argv, "egbert pretrain", "")
+
+
+def recipe_options(model_fields: dict[str, Any] | None = None) -> list[str]:
+    """EGBERT_RECIPE with EGBERT_MODEL (updated by `model_fields`) as --config-overrides."""
+    fields = EGBERT_MODEL | (model_fields or {})
+    overrides = ",".join(f"{key}={str(value).lower()}" for key, value in fields.items())
+    return [*EGBERT_RECIPE, "--config-overrides", overrides]
 
 
 def recipe_value(candidate: Candidate, preset: str) -> Any:
@@ -172,11 +190,12 @@ def recipe_value(candidate: Candidate, preset: str) -> Any:
     name = candidate.fields[0]
     if candidate.in_model_config:
         config = EgbertBertConfig(**load_preset("bert", pretrain_args.preset))
+        apply_config_overrides(config, pretrain_args.config_overrides)
         return getattr(config, name)
     return getattr(pretrain_args if hasattr(pretrain_args, name) else training_args, name)
 
 
-def plan_ablation(name: str, preset: str, presets_dir: Path) -> dict[str, Any]:
+def plan_ablation(name: str, preset: str) -> dict[str, Any]:
     """How candidate `name` flips egbert's recipe: the row label, both settings as the tables
     show them, and the options of `egbert pretrain` that do it."""
     candidate = CANDIDATES[name]
@@ -186,23 +205,18 @@ def plan_ablation(name: str, preset: str, presets_dir: Path) -> dict[str, Any]:
         "label": f"{EGBERT}, {candidate.label(value)}",
         "recipe": candidate.label(recipe),
         "setting": candidate.label(value),
-        "flags": ablation_flags(name, value, preset, presets_dir),
+        "flags": ablation_flags(name, value),
     }
 
 
-def ablation_flags(name: str, value: Any, preset: str, presets_dir: Path) -> list[str]:
-    """Options that set the candidate's fields to `value`. Model config fields go through a
-    preset file, since `egbert pretrain` takes no single config field on its command line."""
+def ablation_flags(name: str, value: Any) -> list[str]:
+    """Options of `egbert pretrain` that set the candidate's fields to `value` (they come after
+    the recipe's, so they win; model config fields go into a whole new --config-overrides)."""
     candidate = CANDIDATES[name]
-    if not candidate.in_model_config:
-        options = [f"--{field.replace('_', '-')}" for field in candidate.fields]
-        return [arg for option in options for arg in (option, str(value))]
-    pretrain_args, _ = recipe_arguments(preset)
-    config = load_preset("bert", pretrain_args.preset) | dict.fromkeys(candidate.fields, value)
-    presets_dir.mkdir(parents=True, exist_ok=True)
-    path = presets_dir / f"bert-{Path(pretrain_args.preset).stem}-{name}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    return ["--preset", str(path)]
+    if candidate.in_model_config:
+        return recipe_options(dict.fromkeys(candidate.fields, value))[-2:]
+    options = [f"--{field.replace('_', '-')}" for field in candidate.fields]
+    return [arg for option in options for arg in (option, str(value))]
 
 
 # ---------------------------------------------------------------- pretraining
@@ -245,7 +259,7 @@ def pretrain_egbert(
         "--train-files", *map(str, files), "--budget-minutes", str(budget),
         "--seed", str(SEED), "--output-dir", str(run_dir),
         "--save-every", "500", "--keep-checkpoints", "1",  # for resuming, not part of the recipe
-        *EGBERT_RECIPE, *extra,
+        *recipe_options(), *extra,
     ]  # fmt: skip
     if (run_dir / "checkpoints").is_dir():
         argv.append("--resume")
@@ -386,7 +400,7 @@ def pretrain_all(
     }
     ablations = {}
     for name in args.ablate:
-        ablation = ablations[name] = plan_ablation(name, args.preset, args.output_dir / "presets")
+        ablation = ablations[name] = plan_ablation(name, args.preset)
         run_dir = pretrain_dir / f"{EGBERT}-ablate-{name}"
         label = ablation["label"]
         run_dirs[label] = pretrain_egbert(label, run_dir, *shared, extra=ablation["flags"])
@@ -406,7 +420,7 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
             "budget_minutes": args.budget_minutes,
             "vocab_size": args.vocab_size,
             "max_train_samples": args.max_train_samples,
-            "egbert_recipe": EGBERT_RECIPE,
+            "egbert_recipe": recipe_options(),
         },
     )
     print(f"[1/4] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
@@ -439,7 +453,7 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         "preset": args.preset,
         "budget_minutes": args.budget_minutes,
         "tasks": tasks,
-        "egbert_recipe": EGBERT_RECIPE,
+        "egbert_recipe": recipe_options(),
         "scores": scores,
         "averages": averages,
         "pretraining": pretraining,

@@ -21,7 +21,8 @@ import egbert.models  # noqa: F401  (registers the Auto classes)
 from egbert.cli import main as cli_main
 from egbert.config import PretrainArguments, load_preset, parse_args
 from egbert.errors import ConfigError
-from egbert.pretrain.run import main
+from egbert.pretrain.run import build_model, main
+from egbert.tokenizer import load_tokenizer
 from egbert.trainer import TrainingArguments
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,6 +116,41 @@ def test_bad_options_end_with_one_line(corpus, tiny_tokenizer_dir, tmp_path, cap
     message = _one_line_error([*args, "--preset", "huge"], capsys)
     assert "unknown gpt preset 'huge'; use one of base, mini, small, tiny" in message
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_config_overrides_change_a_fresh_models_config(corpus, tiny_tokenizer_dir, tmp_path):
+    args = pretrain_argv("bert", tiny_tokenizer_dir, corpus["short"], tmp_path / "run")
+    overrides = [
+        "--config-overrides",
+        "pre_layernorm=true,hidden_dropout_prob=0,max_position_embeddings=64",
+    ]
+    pretrain_args, _ = parse_args(
+        (PretrainArguments, TrainingArguments), [*args, *overrides], "p", ""
+    )
+    config = build_model(pretrain_args, load_tokenizer(tiny_tokenizer_dir))[0].config
+    assert config.pre_layernorm is True and config.hidden_dropout_prob == 0.0
+    assert config.max_position_embeddings == 64 and config.attention_probs_dropout_prob == 0.1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ("warp_factor=9", "key warp_factor isn't in the original config dict"),
+        ("pre_layernorm=maybe", "can't derive true or false from maybe"),
+        ("hidden_dropout_prob", "write key=value pairs"),
+    ],
+)
+def test_bad_config_overrides_end_with_one_line(
+    overrides, message, corpus, tiny_tokenizer_dir, tmp_path, capsys
+):
+    args = pretrain_argv("bert", tiny_tokenizer_dir, corpus["short"], tmp_path / "run")
+    error = _one_line_error([*args, "--config-overrides", overrides], capsys)
+    assert f"--config-overrides {overrides!r}: " in error and message in error
+    error = _one_line_error(
+        [*args, "--config-overrides", "pre_layernorm=true", "--init-from", str(tmp_path)], capsys
+    )
+    assert "--config-overrides changes a fresh model's config" in error
+    assert not (tmp_path / "run").exists()
 
 
 def test_config_file_sets_options_and_the_command_line_wins(tmp_path):

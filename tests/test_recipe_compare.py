@@ -71,7 +71,16 @@ def test_the_table_has_a_finite_number_for_every_model_and_task(finished_run: Pa
         summary = report["pretraining"][label]
         assert summary["steps"] >= 1 and summary["minutes"] <= 0.1 + 0.05
         assert math.isfinite(summary["final_loss"])
-    assert report["pretraining"]["egbert"]["loss"] == "MLM + NSP"
+    nsp = recipe_compare.recipe_arguments("tiny")[0].nsp
+    assert report["pretraining"]["egbert"]["loss"] == ("MLM + NSP" if nsp else "MLM")
+    # egbert's model config fields hold while pretraining; fine-tuning gets BERT's dropout back.
+    pretrained = json.loads((finished_run / "pretrain" / "egbert" / "config.json").read_text())
+    assert recipe_compare.EGBERT_MODEL.items() <= pretrained.items()
+    for row in ROWS:
+        finetuned = json.loads(
+            (finished_run / "finetune" / row / "rte" / "config.json").read_text()
+        )
+        assert finetuned["hidden_dropout_prob"] == finetuned["attention_probs_dropout_prob"] == 0.1
     assert (finished_run / "loss_curves.png").stat().st_size > 1000
     stock = finished_run / "pretrain" / "stock"
     assert json.loads((stock / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
@@ -94,11 +103,9 @@ def test_a_rerun_reuses_every_finished_step(
 
 
 @pytest.mark.parametrize("name", list(recipe_compare.CANDIDATES))
-def test_each_ablation_flips_one_choice_of_the_recipe(
-    name: str, tmp_path: Path, tiny_tokenizer_dir: Path
-):
+def test_each_ablation_flips_one_choice_of_the_recipe(name: str, tiny_tokenizer_dir: Path):
     candidate = recipe_compare.CANDIDATES[name]
-    ablation = recipe_compare.plan_ablation(name, "tiny", tmp_path)
+    ablation = recipe_compare.plan_ablation(name, "tiny")
     assert ablation["setting"] != ablation["recipe"]
     assert ablation["label"] == f"egbert, {ablation['setting']}"
 

@@ -39,6 +39,7 @@ from transformers import (
 
 import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with the Auto classes)
 from egbert.checkpoints import ALLOW_PICKLE_HELP, first_line, load_pretrained, read_model_config
+from egbert.config import apply_config_overrides
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.finetune.metrics import compute_task_metrics, glue_score, task_score
 from egbert.finetune.tasks import (
@@ -157,6 +158,12 @@ OUTPUT_DIR gets the best model with its tokenizer, eval_results.json, prediction
     )
     model.add_argument(
         "--freeze", action="store_true", help="feature-based: train only the classifier head"
+    )
+    model.add_argument(
+        "--config-overrides",
+        metavar="KEY=VALUE,...",
+        help="change fields of the model's config for fine-tuning, e.g. "
+        "'hidden_dropout_prob=0.1' (the format of run_mlm.py's --config_overrides)",
     )
     model.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
 
@@ -281,6 +288,7 @@ def _classifier_from(model_dir: Path, task: Task, args: argparse.Namespace) -> P
         raise CheckpointError(
             f"cannot load a model config from {model_dir}: {first_line(error)}"
         ) from None
+    apply_config_overrides(config, args.config_overrides)
     config.classifier_features = args.features
     config.classifier_pool = args.pool
     config.freeze_backbone = args.freeze

@@ -25,7 +25,7 @@ from datasets import Dataset, IterableDataset
 from transformers import PreTrainedModel
 
 from egbert.checkpoints import load_pretrained, read_model_config
-from egbert.config import PretrainArguments, load_preset, parse_args
+from egbert.config import PretrainArguments, apply_config_overrides, load_preset, parse_args
 from egbert.errors import CheckpointError, ConfigError
 from egbert.models.bert import EgbertBertConfig, EgbertBertForMaskedLM, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
@@ -101,6 +101,11 @@ def build_model(args: PretrainArguments, tokenizer) -> tuple[PreTrainedModel, di
     """A fresh model of the preset's size (vocab from the tokenizer), or the one in
     --init-from; returns it with the config kwargs that define it."""
     if args.init_from:
+        if args.config_overrides:
+            raise ConfigError(
+                "--config-overrides changes a fresh model's config; a model from --init-from "
+                "keeps its own (edit its config.json, or drop one of the two options)"
+            )
         model = _load_existing_model(args)
         preset = {"init_from": str(Path(args.init_from).resolve())}
     else:
@@ -124,10 +129,12 @@ def _model_config(args: PretrainArguments, preset: dict[str, Any], tokenizer):
         if ids["pad_token_id"] is None:
             ids["pad_token_id"] = eos
     try:
-        return CONFIG_CLASSES[args.model](**{**preset, **ids})
+        config = CONFIG_CLASSES[args.model](**{**preset, **ids})
     except (TypeError, ValueError) as error:
         message = str(error).splitlines()[0]
         raise ConfigError(f"--preset {args.preset}: invalid model config: {message}") from None
+    apply_config_overrides(config, args.config_overrides)
+    return config
 
 
 def _model_class(args: PretrainArguments) -> type[PreTrainedModel]:
