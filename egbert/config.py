@@ -99,6 +99,11 @@ class PretrainArguments:
             raise ConfigError(f"--dupe-factor must be >= 1, got {self.dupe_factor}")
         if not 0 <= self.short_seq_prob <= 1:
             raise ConfigError(f"--short-seq-prob must be in [0, 1], got {self.short_seq_prob}")
+        if self.config_overrides and self.init_from:
+            raise ConfigError(
+                "--config-overrides changes a fresh model's config; a model from --init-from "
+                "keeps its own (edit its config.json, or drop one of the two options)"
+            )
 
 
 def parse_args(

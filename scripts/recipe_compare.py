@@ -177,11 +177,15 @@ def recipe_arguments(
     return parse_args((PretrainArguments, TrainingArguments), argv, "egbert pretrain", "")
 
 
-def recipe_options(model_fields: dict[str, Any] | None = None) -> list[str]:
-    """EGBERT_RECIPE with EGBERT_MODEL (updated by `model_fields`) as --config-overrides."""
-    fields = EGBERT_MODEL | (model_fields or {})
-    overrides = ",".join(f"{key}={str(value).lower()}" for key, value in fields.items())
-    return [*EGBERT_RECIPE, "--config-overrides", overrides]
+def recipe_options() -> list[str]:
+    """EGBERT_RECIPE with EGBERT_MODEL as --config-overrides."""
+    return [*EGBERT_RECIPE, *model_overrides()]
+
+
+def model_overrides(changed: dict[str, Any] | None = None) -> list[str]:
+    """--config-overrides for EGBERT_MODEL with the `changed` fields set instead."""
+    fields = EGBERT_MODEL | (changed or {})
+    return ["--config-overrides", ",".join(f"{k}={str(v).lower()}" for k, v in fields.items())]
 
 
 def recipe_value(candidate: Candidate, preset: str) -> Any:
@@ -214,7 +218,7 @@ def ablation_flags(name: str, value: Any) -> list[str]:
     the recipe's, so they win; model config fields go into a whole new --config-overrides)."""
     candidate = CANDIDATES[name]
     if candidate.in_model_config:
-        return recipe_options(dict.fromkeys(candidate.fields, value))[-2:]
+        return model_overrides(dict.fromkeys(candidate.fields, value))
     options = [f"--{field.replace('_', '-')}" for field in candidate.fields]
     return [arg for option in options for arg in (option, str(value))]
 

@@ -101,11 +101,6 @@ def build_model(args: PretrainArguments, tokenizer) -> tuple[PreTrainedModel, di
     """A fresh model of the preset's size (vocab from the tokenizer), or the one in
     --init-from; returns it with the config kwargs that define it."""
     if args.init_from:
-        if args.config_overrides:
-            raise ConfigError(
-                "--config-overrides changes a fresh model's config; a model from --init-from "
-                "keeps its own (edit its config.json, or drop one of the two options)"
-            )
         model = _load_existing_model(args)
         preset = {"init_from": str(Path(args.init_from).resolve())}
     else:
