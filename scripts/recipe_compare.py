@@ -2,7 +2,7 @@
 
     python scripts/recipe_compare.py --budget-minutes 25 --preset mini [--tasks sst2 rte ...] \\
         [--output-dir runs/recipe-compare] [--data PATH] [--max-train-samples N] \\
-        [--ablate nsp mask-rate beta2 lr dropout pre-ln sparse-logits]
+        [--ablate nsp mask-rate batch-size beta2 lr dropout pre-ln sparse-logits]
 
 1. trains the WordPiece tokenizer (16k) once on WikiText-2 train + the Gutenberg books;
 2. pretrains bert on that corpus for --budget-minutes twice: with the stock recipe
@@ -57,6 +57,8 @@ EGBERT_RECIPE = [
     "--seq-len", "128",
     "--bf16",
     "--nsp", "false",
+    "--batch-size", "16",
+    "--mlm-probability", "0.4",
     "--lr", "1e-3",
     "--adam-beta2", "0.98",
     "--warmup-steps", "0.06",
@@ -95,7 +97,8 @@ class Candidate:
 
 CANDIDATES = {
     "nsp": Candidate(("nsp",), False, (False, True), lambda on: "NSP" if on else "no NSP"),
-    "mask-rate": Candidate(("mlm_probability",), False, (0.2, 0.15), lambda p: f"mask {p:.0%}"),
+    "mask-rate": Candidate(("mlm_probability",), False, (0.15, 0.4), lambda p: f"mask {p:.0%}"),
+    "batch-size": Candidate(("batch_size",), False, (32, 16), lambda size: f"batch {size}"),
     "beta2": Candidate(("adam_beta2",), False, (0.98, 0.999), lambda b: f"beta2 {b:g}"),
     "lr": Candidate(("lr",), False, (1e-3, 2e-3), lambda lr: f"lr {lr:.0e}".replace("e-0", "e-")),
     "dropout": Candidate(
