@@ -84,7 +84,7 @@ FINETUNE_EPOCHS, SST2_EPOCHS = 3, 1
 @dataclass(frozen=True)
 class Candidate:
     """A choice of egbert's recipe that --ablate flips: options of `egbert pretrain`, or fields
-    of the bert model config (passed as a preset file), all set to one value."""
+    of the bert model config (passed through --config-overrides), all set to one value."""
 
     fields: tuple[str, ...]
     in_model_config: bool
