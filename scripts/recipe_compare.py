@@ -2,7 +2,7 @@
 
     python scripts/recipe_compare.py --budget-minutes 25 --preset mini [--tasks sst2 rte ...] \\
         [--output-dir runs/recipe-compare] [--data PATH] [--max-train-samples N] \\
-        [--ablate nsp mask-rate batch-size beta2 lr dropout pre-ln sparse-logits]
+        [--ablate local-attention nsp mask-rate batch-size beta2 lr dropout pre-ln sparse-logits]
 
 1. trains the WordPiece tokenizer (16k) once on WikiText-2 train + the Gutenberg books;
 2. pretrains bert on that corpus for --budget-minutes twice: with the stock recipe
@@ -66,6 +66,7 @@ EGBERT_RECIPE = [
 # ...and the fields of the preset's model config it changes (pretraining only: fine-tuning
 # puts BERT's dropout back, see FINETUNE_FLAGS).
 EGBERT_MODEL = {
+    "local_attention_init": True,
     "pre_layernorm": True,
     "hidden_dropout_prob": 0.0,
     "attention_probs_dropout_prob": 0.0,
@@ -109,6 +110,12 @@ CANDIDATES = {
     ),
     "pre-ln": Candidate(
         ("pre_layernorm",), True, (True, False), lambda pre: "pre-LN" if pre else "post-LN"
+    ),
+    "local-attention": Candidate(
+        ("local_attention_init",),
+        True,
+        (False, True),
+        lambda local: "heads start on neighbours" if local else "random attention init",
     ),
     "sparse-logits": Candidate(
         ("sparse_mlm_logits",),

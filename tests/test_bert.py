@@ -24,6 +24,7 @@ from egbert.models.bert import (
     EgbertBertForPreTraining,
     EgbertBertModel,
 )
+from egbert.models.layers import local_attention_offsets
 
 CONFIGS = Path(__file__).resolve().parents[1] / "egbert" / "configs"
 VARIANTS = [
@@ -203,12 +204,41 @@ def test_weights_are_initialised_as_bert() -> None:
     assert model.mlm_head.decoder.bias.abs().max() == 0
 
 
+@pytest.mark.parametrize("pre_layernorm", [False, True])
+def test_local_attention_init_points_every_head_at_its_neighbour(pre_layernorm: bool) -> None:
+    torch.manual_seed(0)
+    config = tiny_config(hidden_size=128, pre_layernorm=pre_layernorm, local_attention_init=True)
+    model = EgbertBertModel(config).eval()
+    length = 40
+    attentions = model(**random_batch(length=length), output_attentions=True).attentions
+    inner = torch.arange(4, length - 4)
+    for layer in attentions:  # (batch, heads, queries, keys)
+        for head, offset in enumerate(local_attention_offsets(config.num_attention_heads)):
+            on_neighbour = layer[:, head, inner, inner + offset].mean().item()
+            assert on_neighbour > 0.8, (head, offset, on_neighbour)
+
+
+def test_local_attention_init_leaves_loaded_weights_alone(tmp_path: Path) -> None:
+    model = EgbertBertForMaskedLM(tiny_config(local_attention_init=True))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_()
+    model.save_pretrained(tmp_path)
+    reloaded = EgbertBertForMaskedLM.from_pretrained(tmp_path).state_dict()
+    for name, saved in model.state_dict().items():
+        assert torch.equal(saved, reloaded[name]), name
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
         ({"hidden_size": 30, "num_attention_heads": 4}, "num_attention_heads"),
         ({"hidden_act": "swish"}, "hidden_act"),
         ({"position_embedding_type": "rotary"}, "position_embedding_type"),
+        (
+            {"local_attention_init": True, "position_embedding_type": "sinusoidal"},
+            "local_attention_init",
+        ),
     ],
 )
 def test_invalid_configs_raise_config_error(overrides: dict, field: str) -> None:

@@ -3,7 +3,8 @@
 Devlin et al. 2019: token + position + segment embeddings, a stack of post-LN transformer blocks
 with bidirectional self-attention, a tanh pooler over [CLS], a masked-LM head tied to the input
 embeddings and a next-sentence-prediction head over the pooled [CLS]. Options beyond BERT: fixed
-sinusoidal positions, pre-LN blocks, and MLM logits computed only where there is a label.
+sinusoidal positions, pre-LN blocks, MLM logits computed only where there is a label, and heads
+that start out attending to fixed neighbours (local_attention_init).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from egbert.models.layers import (
     TransformerBlock,
     check_sequence_length,
     check_transformer_config,
+    init_local_attention,
     init_transformer_weights,
     self_attention_mask,
 )
@@ -54,6 +56,7 @@ class EgbertBertConfig(PretrainedConfig):
     initializer_range: float = 0.02
     pad_token_id: int | None = 0
     sparse_mlm_logits: bool = False  # compute MLM logits only where labels != -100
+    local_attention_init: bool = False  # start each head on a fixed neighbour (layers.py)
     label_smoothing: float = 0.0
     tie_word_embeddings: bool = True
 
@@ -70,6 +73,9 @@ class EgbertBertPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         init_transformer_weights(module, self.config.initializer_range)
+        if self.config.local_attention_init:
+            head_dim = self.config.hidden_size // self.config.num_attention_heads
+            init_local_attention(module, head_dim, self.config.initializer_range)
 
 
 class EgbertBertModel(EgbertBertPreTrainedModel):

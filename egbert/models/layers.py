@@ -55,6 +55,7 @@ class Embeddings(nn.Module):
         self.position_embedding_type = position_embedding_type
         if position_embedding_type == "learned":
             self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
+            self.position_embeddings.holds_positions = True  # see init_local_attention
         else:
             # fixed, so not saved: it is rebuilt from the config when the model is created
             table = sinusoidal_position_table(max_position_embeddings, hidden_size)
@@ -132,6 +133,7 @@ class SelfAttention(nn.Module):
         self.is_causal = is_causal
         self.layer_idx = layer_idx  # where this layer's keys and values live in a KV cache
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.qkv.attention_heads = num_heads  # see init_local_attention
         self.out = nn.Linear(hidden_size, hidden_size)
         self.out.writes_residual = True  # see EgbertGPTPreTrainedModel._init_weights
 
@@ -357,6 +359,15 @@ def check_transformer_config(config) -> None:
             f"{name}: position_embedding_type {config.position_embedding_type!r} is not supported; "
             f"use one of {list(POSITION_EMBEDDING_TYPES)}"
         )
+    if getattr(config, "local_attention_init", False) and (
+        config.position_embedding_type != "learned"
+        or (config.hidden_size // config.num_attention_heads) % 2
+    ):
+        raise ConfigError(
+            f"{name}: local_attention_init needs learned positions and an even head size; this "
+            f"config has position_embedding_type={config.position_embedding_type!r} and head size "
+            f"{config.hidden_size // config.num_attention_heads}; set local_attention_init=false"
+        )
 
 
 def check_sequence_length(length: int, max_position_embeddings: int) -> None:
@@ -387,3 +398,65 @@ def init_transformer_weights(module: nn.Module, std: float) -> None:
     elif isinstance(module, Embeddings) and module.position_embedding_type == "sinusoidal":
         table = module.position_table
         init.copy_(table, sinusoidal_position_table(*table.shape).to(table.device))
+
+
+# Local attention initialisation. A freshly initialised encoder attends almost uniformly, so its
+# MLM predictions stay a bag of words (the "unigram plateau") until attention patterns form,
+# which on a CPU budget they never do. Starting each head on a fixed neighbour (the previous
+# token, the next one, two back, ...) gives the model local context from the first step; training
+# is free to move the heads afterwards.
+LOCAL_ATTENTION_GAIN = 1.5  # query/key gain: ~0.97 of each head's weight on its neighbour at init
+LOCAL_FREQUENCY_RANGE = (0.3, 2.8)  # radians per position: high enough that neighbours differ
+
+
+def local_attention_offsets(num_heads: int) -> list[int]:
+    """Which neighbour each head starts on: -1, +1, -2, +2, -3, ..."""
+    return [(head // 2 + 1) * (-1 if head % 2 == 0 else 1) for head in range(num_heads)]
+
+
+def position_subspace_frequencies(head_dim: int) -> torch.Tensor:
+    return torch.linspace(*LOCAL_FREQUENCY_RANGE, head_dim // 2)  # one per (sin, cos) pair
+
+
+def position_shift(frequencies: torch.Tensor, shift: int) -> torch.Tensor:
+    """R with R p_j = p_(j + shift) for the (sin, cos) pair encodings of the position subspace."""
+    cos, sin = torch.cos(frequencies * shift), torch.sin(frequencies * shift)
+    size = 2 * len(frequencies)
+    rotation = torch.zeros(size, size)
+    even = torch.arange(0, size, 2)
+    rotation[even, even], rotation[even, even + 1] = cos, sin
+    rotation[even + 1, even + 1], rotation[even + 1, even] = cos, -sin
+    return rotation
+
+
+@torch.no_grad()
+def init_local_attention(module: nn.Module, head_dim: int, std: float) -> None:
+    """Give positions the first head_dim dims to themselves and point every head at a neighbour.
+
+    Run after init_transformer_weights (it overwrites parts of that init). transformers
+    initialises module by module, leaves only, so this recognises the leaves: the learned
+    position table becomes sinusoids of LOCAL_FREQUENCY_RANGE in dims [0, head_dim), which the
+    token and segment embeddings leave at zero; in every attention's qkv projection each head's
+    query reads p_i and its key reads p_j shifted by the head's offset o: scores peak at j = i + o.
+    """
+    frequencies = position_subspace_frequencies(head_dim)
+    if isinstance(module, nn.Embedding) and getattr(module, "holds_positions", False):
+        positions = torch.arange(module.num_embeddings, dtype=torch.float32)[:, None]
+        encodings = torch.zeros(module.weight.shape)
+        encodings[:, 0:head_dim:2] = torch.sin(positions * frequencies)
+        encodings[:, 1:head_dim:2] = torch.cos(positions * frequencies)
+        encodings *= std / encodings[:, :head_dim].std()
+        init.copy_(module.weight, encodings.to(module.weight.dtype))
+    elif isinstance(module, nn.Embedding):
+        weight = module.weight.clone()
+        weight[:, :head_dim] = 0
+        init.copy_(module.weight, weight)
+    elif isinstance(module, nn.Linear) and hasattr(module, "attention_heads"):
+        weight = module.weight.clone()  # (3 * hidden, hidden): query, key, value rows
+        hidden = weight.shape[1]
+        read_positions = LOCAL_ATTENTION_GAIN * torch.eye(head_dim, hidden)
+        for head, offset in enumerate(local_attention_offsets(module.attention_heads)):
+            weight[head * head_dim : (head + 1) * head_dim] = read_positions
+            key_rows = slice(hidden + head * head_dim, hidden + (head + 1) * head_dim)
+            weight[key_rows] = position_shift(frequencies, -offset) @ read_positions
+        init.copy_(module.weight, weight.to(module.weight.dtype))
