@@ -405,7 +405,7 @@ def init_transformer_weights(module: nn.Module, std: float) -> None:
 # which on a CPU budget they never do. Starting each head on a fixed neighbour (the previous
 # token, the next one, two back, ...) gives the model local context from the first step; training
 # is free to move the heads afterwards.
-LOCAL_ATTENTION_GAIN = 1.5  # query/key gain: ~0.97 of each head's weight on its neighbour at init
+LOCAL_ATTENTION_GAIN = 1.5  # query/key gain: 0.97 of a 64-dim head's weight on its neighbour
 LOCAL_FREQUENCY_RANGE = (0.3, 2.8)  # radians per position: high enough that neighbours differ
 
 
