@@ -209,6 +209,10 @@ def apply_config_overrides(config, overrides: str | None) -> None:
             f"--config-overrides {overrides!r}: {error}; the {config.model_type} config's fields "
             "are in its config.json"
         ) from None
+    try:  # update_from_string sets attributes one by one: rebuild the config so its checks run
+        type(config).from_dict(config.to_dict())
+    except ConfigError as error:
+        raise ConfigError(f"--config-overrides {overrides!r}: {error}") from None
 
 
 def load_preset(family: str, preset_or_path: str) -> dict[str, Any]:

@@ -138,6 +138,11 @@ def test_config_overrides_change_a_fresh_models_config(corpus, tiny_tokenizer_di
         ("warp_factor=9", "key warp_factor isn't in the original config dict"),
         ("pre_layernorm=maybe", "can't derive true or false from maybe"),
         ("hidden_dropout_prob", "write key=value pairs"),
+        ("hidden_act=swish", "hidden_act 'swish' is not supported"),
+        (
+            "local_attention_init=true,position_embedding_type=sinusoidal",
+            "local_attention_init needs learned positions",
+        ),
     ],
 )
 def test_bad_config_overrides_end_with_one_line(
