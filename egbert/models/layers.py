@@ -25,12 +25,16 @@ ACTIVATIONS = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh")}
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
 
 
-def sinusoidal_position_table(num_positions: int, dim: int) -> torch.Tensor:
-    """The fixed position encodings of "Attention is all you need": sin on even, cos on odd dims."""
+def sinusoidal_position_table(
+    num_positions: int, dim: int, frequencies: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The fixed position encodings of "Attention is all you need": sin on even, cos on odd dims,
+    at that paper's geometric frequencies unless `frequencies` (one per pair) are given."""
     positions = torch.arange(num_positions, dtype=torch.float32).unsqueeze(1)
-    frequencies = torch.exp(
-        torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim)
-    )
+    if frequencies is None:
+        frequencies = torch.exp(
+            torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim)
+        )
     table = torch.zeros(num_positions, dim)
     table[:, 0::2] = torch.sin(positions * frequencies)
     table[:, 1::2] = torch.cos(positions * frequencies[: dim // 2])
@@ -359,14 +363,14 @@ def check_transformer_config(config) -> None:
             f"{name}: position_embedding_type {config.position_embedding_type!r} is not supported; "
             f"use one of {list(POSITION_EMBEDDING_TYPES)}"
         )
+    head_dim = config.hidden_size // config.num_attention_heads
     if getattr(config, "local_attention_init", False) and (
-        config.position_embedding_type != "learned"
-        or (config.hidden_size // config.num_attention_heads) % 2
+        config.position_embedding_type != "learned" or head_dim % 2
     ):
         raise ConfigError(
             f"{name}: local_attention_init needs learned positions and an even head size; this "
             f"config has position_embedding_type={config.position_embedding_type!r} and head size "
-            f"{config.hidden_size // config.num_attention_heads}; set local_attention_init=false"
+            f"{head_dim}; set local_attention_init=false"
         )
 
 
@@ -439,13 +443,12 @@ def init_local_attention(module: nn.Module, head_dim: int, std: float) -> None:
     token and segment embeddings leave at zero; in every attention's qkv projection each head's
     query reads p_i and its key reads p_j shifted by the head's offset o: scores peak at j = i + o.
     """
-    frequencies = position_subspace_frequencies(head_dim)
     if isinstance(module, nn.Embedding) and getattr(module, "holds_positions", False):
-        positions = torch.arange(module.num_embeddings, dtype=torch.float32)[:, None]
+        subspace = sinusoidal_position_table(
+            module.num_embeddings, head_dim, position_subspace_frequencies(head_dim)
+        )
         encodings = torch.zeros(module.weight.shape)
-        encodings[:, 0:head_dim:2] = torch.sin(positions * frequencies)
-        encodings[:, 1:head_dim:2] = torch.cos(positions * frequencies)
-        encodings *= std / encodings[:, :head_dim].std()
+        encodings[:, :head_dim] = subspace * (std / subspace.std())
         init.copy_(module.weight, encodings.to(module.weight.dtype))
     elif isinstance(module, nn.Embedding):
         weight = module.weight.clone()
@@ -455,6 +458,7 @@ def init_local_attention(module: nn.Module, head_dim: int, std: float) -> None:
         weight = module.weight.clone()  # (3 * hidden, hidden): query, key, value rows
         hidden = weight.shape[1]
         read_positions = LOCAL_ATTENTION_GAIN * torch.eye(head_dim, hidden)
+        frequencies = position_subspace_frequencies(head_dim)
         for head, offset in enumerate(local_attention_offsets(module.attention_heads)):
             weight[head * head_dim : (head + 1) * head_dim] = read_positions
             key_rows = slice(hidden + head * head_dim, hidden + (head + 1) * head_dim)
