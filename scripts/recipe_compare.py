@@ -2,13 +2,16 @@
 
     python scripts/recipe_compare.py --budget-minutes 25 --preset mini [--tasks sst2 rte ...] \\
         [--output-dir runs/recipe-compare] [--data PATH] [--max-train-samples N] \\
-        [--ablate local-attention nsp mask-rate batch-size beta2 lr dropout pre-ln sparse-logits]
+        [--ablate local-attention nsp mask-rate batch-size beta2 lr dropout pre-ln sparse-logits] \\
+        [--families gpt elmo]
 
 1. trains the WordPiece tokenizer (16k) once on WikiText-2 train + the Gutenberg books;
 2. pretrains bert on that corpus for --budget-minutes twice: with the stock recipe
    (scripts/stock_recipe.py, plain transformers.Trainer) and with egbert's (`egbert pretrain`
    with EGBERT_RECIPE and EGBERT_MODEL), and once more per --ablate candidate, egbert's recipe
    with that one choice flipped; saves egbert's model at its random initial weights as "scratch";
+   with --families, also pretrains gpt and/or elmo with their own defaults (FAMILY_RECIPE) and
+   saves each at its random initial weights as its twin ("gpt, scratch");
 3. fine-tunes every model identically with `egbert finetune` (FINETUNE_FLAGS) on the tasks;
 4. writes `results.md` (GLUE scores x 100 and their average, plus an ablation table),
    `results.json` and `loss_curves.png` (training loss against minutes), and prints them.
@@ -48,14 +51,18 @@ DEFAULT_TASKS = ["sst2", "mrpc", "stsb", "rte", "cola"]
 SEED = 42
 STOCK, EGBERT, SCRATCH = "stock", "egbert", "scratch"
 
-# Egbert's recipe: `egbert pretrain --model bert --preset P --budget-minutes M` plus these
-# options; everything not named here is a default of `egbert pretrain` or of the preset.
-EGBERT_RECIPE = [
+# How every egbert run reads the corpus, and its precision.
+CORPUS_AND_PRECISION = [
     "--doc-boundary", "wikitext",
     # Two Gutenberg books are Latin-1 in a few bytes: replace those rather than stop.
     "--encoding-errors", "replace",
     "--seq-len", "128",
     "--bf16",
+]  # fmt: skip
+# Egbert's recipe: `egbert pretrain --model bert --preset P --budget-minutes M` plus these
+# options; everything not named here is a default of `egbert pretrain` or of the preset.
+EGBERT_RECIPE = [
+    *CORPUS_AND_PRECISION,
     "--nsp", "false",
     "--batch-size", "16",
     "--mlm-probability", "0.4",
@@ -64,21 +71,26 @@ EGBERT_RECIPE = [
     "--warmup-steps", "0.06",
 ]  # fmt: skip
 # ...and the fields of the preset's model config it changes (pretraining only: fine-tuning
-# puts BERT's dropout back, see FINETUNE_FLAGS).
+# puts BERT's dropout back, see dropout_overrides).
 EGBERT_MODEL = {
     "local_attention_init": True,
     "pre_layernorm": True,
     "hidden_dropout_prob": 0.0,
     "attention_probs_dropout_prob": 0.0,
 }
+# gpt and elmo (--families): `egbert pretrain --model F --preset P --budget-minutes M` with the
+# family's defaults; only the corpus reading, the precision and the budget's warmup are set.
+FAMILIES = ("gpt", "elmo")
+FAMILY_RECIPE = [*CORPUS_AND_PRECISION, "--warmup-steps", "0.06"]
 
 # The same fine-tuning for every model (SST-2, 67k examples, gets one epoch instead of three);
 # dev scores are all the tables need, so no test-set prediction files.
 FINETUNE_FLAGS = [
     "--lr", "1e-4", "--batch-size", "32", "--max-seq-length", "128", "--seed", str(SEED),
     "--bf16", "--no-predict",
-    "--config-overrides", "hidden_dropout_prob=0.1,attention_probs_dropout_prob=0.1",
 ]  # fmt: skip
+FINETUNE_DROPOUT = 0.1  # on every dropout field the model has (see dropout_overrides)
+DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 FINETUNE_EPOCHS, SST2_EPOCHS = 3, 1
 
 
@@ -142,19 +154,19 @@ def find_corpus(data_arg: str | None) -> tuple[Path, list[Path]]:
 
 
 def check_options(output_dir: Path, options: dict[str, Any]) -> None:
-    """Record the options that shape every run; refuse to mix runs made with other ones."""
+    """Record the options that shape every run; refuse to mix runs made with other ones (an
+    option the folder has no record of is new to it, so nothing there used it: it is added)."""
     path = output_dir / "options.json"
-    if path.is_file():
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        changed = [f"{k} {saved.get(k)} -> {v}" for k, v in options.items() if saved.get(k) != v]
-        if changed:
-            raise ConfigError(
-                f"{output_dir} holds runs made with other options ({'; '.join(changed)}); "
-                "pass another --output-dir, or the same options"
-            )
-        return
-    output_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(options, indent=2) + "\n", encoding="utf-8")
+    saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    changed = [f"{k} {saved[k]} -> {v}" for k, v in options.items() if saved.get(k, v) != v]
+    if changed:
+        raise ConfigError(
+            f"{output_dir} holds runs made with other options ({'; '.join(changed)}); "
+            "pass another --output-dir, or the same options"
+        )
+    if options.keys() - saved.keys():
+        output_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(saved | options, indent=2) + "\n", encoding="utf-8")
 
 
 def prepare_tokenizer(output_dir: Path, files: Sequence[Path], vocab_size: int) -> Path:
@@ -179,17 +191,17 @@ def prepare_tokenizer(output_dir: Path, files: Sequence[Path], vocab_size: int) 
 
 
 def recipe_arguments(
-    preset: str, extra: Sequence[str] = ()
+    preset: str, extra: Sequence[str] = (), family: str = "bert"
 ) -> tuple[PretrainArguments, TrainingArguments]:
-    """`egbert pretrain`'s options under egbert's recipe (files and folders left blank)."""
-    argv = ["--model", "bert", "--tokenizer", "", "--train-files", "", "--output-dir", ""]
-    argv += ["--preset", preset, *recipe_options(), *extra]
+    """`egbert pretrain`'s options under the family's recipe (files and folders left blank)."""
+    argv = ["--model", family, "--tokenizer", "", "--train-files", "", "--output-dir", ""]
+    argv += ["--preset", preset, *recipe_options(family), *extra]
     return parse_args((PretrainArguments, TrainingArguments), argv, "egbert pretrain", "")
 
 
-def recipe_options() -> list[str]:
-    """EGBERT_RECIPE with EGBERT_MODEL as --config-overrides."""
-    return [*EGBERT_RECIPE, *model_overrides()]
+def recipe_options(family: str = "bert") -> list[str]:
+    """bert: EGBERT_RECIPE with EGBERT_MODEL as --config-overrides; gpt, elmo: FAMILY_RECIPE."""
+    return [*EGBERT_RECIPE, *model_overrides()] if family == "bert" else FAMILY_RECIPE
 
 
 def model_overrides(changed: dict[str, Any] | None = None) -> list[str]:
@@ -263,17 +275,19 @@ def pretrain_egbert(
     preset: str,
     budget: float,
     extra: Sequence[str] = (),
+    family: str = "bert",
 ) -> Path:
-    """Egbert's recipe (with `extra` options last, so they win); resumes an interrupted run."""
+    """Egbert's recipe for the family (with `extra` options last, so they win); resumes an
+    interrupted run."""
     if quickstart.is_finished(run_dir):
         print(f"  {label}: reusing {run_dir}", flush=True)
         return run_dir
     argv = [
-        "--model", "bert", "--preset", preset, "--tokenizer", str(tokenizer_dir),
+        "--model", family, "--preset", preset, "--tokenizer", str(tokenizer_dir),
         "--train-files", *map(str, files), "--budget-minutes", str(budget),
         "--seed", str(SEED), "--output-dir", str(run_dir),
         "--save-every", "500", "--keep-checkpoints", "1",  # for resuming, not part of the recipe
-        *recipe_options(), *extra,
+        *recipe_options(family), *extra,
     ]  # fmt: skip
     if (run_dir / "checkpoints").is_dir():
         argv.append("--resume")
@@ -282,13 +296,15 @@ def pretrain_egbert(
     return run_dir
 
 
-def save_scratch(run_dir: Path, tokenizer_dir: Path, preset: str) -> Path:
-    """Egbert's recipe model at its random initial weights, saved like a pretrained one."""
+def save_scratch(
+    label: str, run_dir: Path, tokenizer_dir: Path, preset: str, family: str = "bert"
+) -> Path:
+    """The family's recipe model at its random initial weights, saved like a pretrained one."""
     if quickstart.is_finished(run_dir):
-        print(f"  {SCRATCH}: reusing {run_dir}", flush=True)
+        print(f"  {label}: reusing {run_dir}", flush=True)
         return run_dir
     tokenizer = load_tokenizer(tokenizer_dir)
-    pretrain_args, _ = recipe_arguments(preset)
+    pretrain_args, _ = recipe_arguments(preset, family=family)
     set_seed(SEED)
     model, _ = pretrain_run.build_model(pretrain_args, tokenizer)
     return quickstart.save_untrained(model, tokenizer, run_dir)
@@ -309,12 +325,21 @@ def finetune(
         epochs = SST2_EPOCHS if task == "sst2" else FINETUNE_EPOCHS
         argv = ["--task", task, "--model", str(model_dir), "--output-dir", str(run_dir)]
         argv += ["--data-dir", str(glue_dir), "--epochs", str(epochs), *FINETUNE_FLAGS]
+        argv += dropout_overrides(model_dir)
         if max_train_samples:
             argv += ["--max-train-samples", str(max_train_samples)]
         if (run_dir / "checkpoints").is_dir():
             argv.append("--resume")
         finetune_run.main(argv)
     return json.loads(results.read_text(encoding="utf-8"))["score"]
+
+
+def dropout_overrides(model_dir: Path) -> list[str]:
+    """--config-overrides setting FINETUNE_DROPOUT on the dropout fields the model's config has
+    (egbert's bert pretrains without dropout; elmo has no attention dropout)."""
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    fields = [field for field in DROPOUT_FIELDS if field in config]
+    return ["--config-overrides", ",".join(f"{field}={FINETUNE_DROPOUT}" for field in fields)]
 
 
 # ---------------------------------------------------------------- results
@@ -334,13 +359,18 @@ def loss_curve(run_dir: Path) -> list[tuple[float, float]]:
     return [(r["elapsed_s"] / 60, r["loss"]) for r in records if r.get("split") == "train"]
 
 
+LOSS_NAMES = {"gpt": "causal LM", "elmo": "mean of forward and backward LM"}
+
+
 def loss_name(run_dir: Path) -> str:
-    """What the logged loss sums: egbert's bert with NSP logs MLM + NSP."""
+    """What the logged loss is: egbert's bert with NSP logs MLM + NSP, the stock recipe MLM."""
     args_file = run_dir / "pretrain_args.json"
-    if args_file.is_file():
-        nsp = json.loads(args_file.read_text(encoding="utf-8"))["pretrain"]["nsp"]
-        return "MLM + NSP" if nsp else "MLM"
-    return "MLM"
+    if not args_file.is_file():
+        return "MLM"
+    pretrain_args = json.loads(args_file.read_text(encoding="utf-8"))["pretrain"]
+    if pretrain_args["model"] in LOSS_NAMES:
+        return LOSS_NAMES[pretrain_args["model"]]
+    return "MLM + NSP" if pretrain_args["nsp"] else "MLM"
 
 
 def pretraining_summary(run_dir: Path) -> dict[str, Any]:
@@ -405,7 +435,8 @@ def plot_loss_curves(path: Path, run_dirs: dict[str, Path]) -> None:
 def pretrain_all(
     args: argparse.Namespace, tokenizer_dir: Path, files: list[Path]
 ) -> tuple[dict[str, Path], dict[str, dict[str, Any]]]:
-    """Every pretrained model (label -> directory) and the ablations it includes."""
+    """Every pretrained model (label -> directory: stock, egbert, the ablations, the families)
+    and the ablations it includes."""
     pretrain_dir = args.output_dir / "pretrain"
     shared = (tokenizer_dir, files, args.preset, args.budget_minutes)
     run_dirs = {
@@ -418,7 +449,25 @@ def pretrain_all(
         run_dir = pretrain_dir / f"{EGBERT}-ablate-{name}"
         label = ablation["label"]
         run_dirs[label] = pretrain_egbert(label, run_dir, *shared, extra=ablation["flags"])
+    for family in args.families:
+        run_dirs[family] = pretrain_egbert(family, pretrain_dir / family, *shared, family=family)
     return run_dirs, ablations
+
+
+def models_to_finetune(
+    args: argparse.Namespace, run_dirs: dict[str, Path], tokenizer_dir: Path
+) -> dict[str, Path]:
+    """The pretrained bert models, egbert's scratch twin, then each family and its twin."""
+    pretrain_dir = args.output_dir / "pretrain"
+    model_dirs = {label: path for label, path in run_dirs.items() if label not in args.families}
+    model_dirs[SCRATCH] = save_scratch(SCRATCH, pretrain_dir / SCRATCH, tokenizer_dir, args.preset)
+    for family in args.families:
+        twin = f"{family}, {SCRATCH}"
+        model_dirs[family] = run_dirs[family]
+        model_dirs[twin] = save_scratch(
+            twin, pretrain_dir / f"{family}-{SCRATCH}", tokenizer_dir, args.preset, family
+        )
+    return model_dirs
 
 
 def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
@@ -435,19 +484,20 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
             "vocab_size": args.vocab_size,
             "max_train_samples": args.max_train_samples,
             "egbert_recipe": recipe_options(),
+            "family_recipe": FAMILY_RECIPE,
         },
     )
     print(f"[1/4] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
     tokenizer_dir = prepare_tokenizer(output_dir, files, args.vocab_size)
 
+    families = ", ".join(["bert", *args.families])
     print(
-        f"[2/4] pretraining bert ({args.preset}) for {args.budget_minutes:g} min each", flush=True
+        f"[2/4] pretraining {families} ({args.preset}) for {args.budget_minutes:g} min each",
+        flush=True,
     )
     run_dirs, ablations = pretrain_all(args, tokenizer_dir, files)
     pretraining = {label: pretraining_summary(path) for label, path in run_dirs.items()}
-    model_dirs = run_dirs | {
-        SCRATCH: save_scratch(output_dir / "pretrain" / SCRATCH, tokenizer_dir, args.preset)
-    }
+    model_dirs = models_to_finetune(args, run_dirs, tokenizer_dir)
 
     runs = [(label, task) for label in model_dirs for task in tasks]
     print(f"[3/4] fine-tuning {len(model_dirs)} models on {', '.join(tasks)}", flush=True)
@@ -468,6 +518,7 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         "budget_minutes": args.budget_minutes,
         "tasks": tasks,
         "egbert_recipe": recipe_options(),
+        "family_recipe": FAMILY_RECIPE,
         "scores": scores,
         "averages": averages,
         "pretraining": pretraining,
@@ -521,6 +572,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="CANDIDATE",
         help=f"flip one choice of egbert's recipe per run: {', '.join(CANDIDATES)}",
+    )
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        default=[],
+        choices=FAMILIES,
+        help="also pretrain these families with their own defaults at the same budget, and "
+        "fine-tune each next to its randomly initialised twin",
     )
     return parser
 

@@ -32,8 +32,13 @@ MICRO += ["--max-train-samples", "24", "--tasks", *TASKS]
 
 @pytest.fixture(scope="module")
 def finished_run(micro_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One thread here and in the stock recipe's process: the machine is shared."""
     out = tmp_path_factory.mktemp("recipe-compare") / "run"
+    run_micro(micro_data, out)
+    return out
+
+
+def run_micro(micro_data: Path, out: Path, *extra: str) -> None:
+    """One thread here and in the stock recipe's process: the machine is shared."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     # Accelerate's process-wide state must not carry another module's precision in or ours out.
@@ -41,11 +46,11 @@ def finished_run(micro_data: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("OMP_NUM_THREADS", "1")
-            recipe_compare.main(["--data", str(micro_data), "--output-dir", str(out), *MICRO])
+            argv = ["--data", str(micro_data), "--output-dir", str(out), *MICRO, *extra]
+            recipe_compare.main(argv)
     finally:
         torch.set_num_threads(threads)
         _reset_accelerate()
-    return out
 
 
 def _reset_accelerate() -> None:
@@ -100,6 +105,39 @@ def test_a_rerun_reuses_every_finished_step(
     assert printed.count("reusing") == 1 + len(ROWS) + len(ROWS) * len(TASKS)
     assert [path.stat().st_mtime_ns for path in weights] == stamps
     assert json.loads((finished_run / "results.json").read_text())["scores"] == before["scores"]
+
+
+def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path, micro_data: Path):
+    before = json.loads((finished_run / "results.json").read_text())["scores"]
+    egbert_weights = finished_run / "pretrain" / "egbert" / "model.safetensors"
+    stamp = egbert_weights.stat().st_mtime_ns
+    run_micro(micro_data, finished_run, "--families", "gpt", "elmo")
+
+    report = json.loads((finished_run / "results.json").read_text())
+    assert list(report["scores"]) == [*ROWS, "gpt", "gpt, scratch", "elmo", "elmo, scratch"]
+    assert {row: report["scores"][row] for row in ROWS} == before
+    assert egbert_weights.stat().st_mtime_ns == stamp
+    table_rows = (finished_run / "results.md").read_text().splitlines()[2:]
+    assert [row.split("|")[1].strip() for row in table_rows] == list(report["scores"])
+    for family, model_type in (("gpt", "egbert-gpt"), ("elmo", "egbert-elmo")):
+        summary = report["pretraining"][family]
+        assert summary["steps"] >= 1 and summary["minutes"] <= 0.1 + 0.05
+        assert summary["loss"] == recipe_compare.LOSS_NAMES[family]
+        assert math.isfinite(summary["final_loss"])
+        pretrained, twin = (
+            finished_run / "pretrain" / name for name in (family, f"{family}-scratch")
+        )
+        for model_dir in (pretrained, twin):
+            assert json.loads((model_dir / "config.json").read_text())["model_type"] == model_type
+        assert (pretrained / "model.safetensors").read_bytes() != (
+            twin / "model.safetensors"
+        ).read_bytes()
+        # The same fine-tuning as bert's: dropout 0.1 on whichever dropout the family has.
+        finetuned = json.loads(
+            (finished_run / "finetune" / family / "rte" / "config.json").read_text()
+        )
+        assert finetuned["hidden_dropout_prob"] == 0.1
+        assert finetuned.get("attention_probs_dropout_prob", 0.1) == 0.1
 
 
 @pytest.mark.parametrize("name", list(recipe_compare.CANDIDATES))
