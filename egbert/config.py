@@ -111,9 +111,12 @@ def parse_args(
     argv: list[str] | None,
     prog: str,
     description: str,
+    defaults: dict[str, Any] | None = None,
 ) -> tuple[Any, ...]:
-    """Parse `argv` into instances of `dataclass_types`, with `--config FILE` giving defaults."""
+    """Parse `argv` into instances of `dataclass_types`. Each option's value comes from the
+    command line, else from `--config FILE`, else from `defaults`, else from its dataclass."""
     parser = HfArgumentParser(dataclass_types, prog=prog, description=description)
+    parser.set_defaults(**(defaults or {}))
     parser.add_argument(
         "--config",
         metavar="FILE",

@@ -36,7 +36,7 @@ from typing import Any
 from transformers import set_seed
 
 from egbert import quickstart
-from egbert.config import PretrainArguments, apply_config_overrides, load_preset, parse_args
+from egbert.config import PretrainArguments, apply_config_overrides, load_preset
 from egbert.errors import ConfigError, DataError, EgbertError, TrainingError
 from egbert.finetune import run as finetune_run
 from egbert.finetune.metrics import glue_score
@@ -196,7 +196,7 @@ def recipe_arguments(
     """`egbert pretrain`'s options under the family's recipe (files and folders left blank)."""
     argv = ["--model", family, "--tokenizer", "", "--train-files", "", "--output-dir", ""]
     argv += ["--preset", preset, *recipe_options(family), *extra]
-    return parse_args((PretrainArguments, TrainingArguments), argv, "egbert pretrain", "")
+    return pretrain_run.parse_pretrain_args(argv)
 
 
 def recipe_options(family: str = "bert") -> list[str]:

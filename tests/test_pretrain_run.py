@@ -21,7 +21,7 @@ import egbert.models  # noqa: F401  (registers the Auto classes)
 from egbert.cli import main as cli_main
 from egbert.config import PretrainArguments, load_preset, parse_args
 from egbert.errors import ConfigError
-from egbert.pretrain.run import build_model, main
+from egbert.pretrain.run import FAMILY_DEFAULTS, build_model, main, parse_pretrain_args
 from egbert.tokenizer import load_tokenizer
 from egbert.trainer import TrainingArguments
 
@@ -175,6 +175,22 @@ def test_config_file_sets_options_and_the_command_line_wins(tmp_path):
     config.write_text("model: gpt\nlearning_rate: 0.1\n")
     with pytest.raises(ConfigError, match="unknown option.*learning_rate"):
         parse_args((PretrainArguments, TrainingArguments), ["--config", str(config)], "p", "")
+
+
+def test_family_defaults_sit_under_the_config_file_and_the_command_line(tmp_path):
+    required = ["--tokenizer", "tok", "--train-files", "a.txt", "--output-dir", "out"]
+    bert_args, bert_training = parse_pretrain_args(["--model", "bert", *required])
+    elmo_args, elmo_training = parse_pretrain_args(["--model", "elmo", *required])
+    assert bert_training.lr == TrainingArguments.lr and bert_args.config_overrides is None
+    assert elmo_training.lr == FAMILY_DEFAULTS["elmo"]["lr"] != TrainingArguments.lr
+    assert elmo_args.config_overrides == FAMILY_DEFAULTS["elmo"]["config_overrides"]
+    assert parse_pretrain_args(["--model", "elmo", *required, "--lr", "1e-4"])[1].lr == 1e-4
+    config = tmp_path / "run.yaml"
+    config.write_text("model: elmo\nlr: 3e-4\n")
+    assert parse_pretrain_args(["--config", str(config), *required])[1].lr == 3e-4
+    # A model from --init-from keeps its config, so the family's overrides of a fresh one go.
+    init_args, _ = parse_pretrain_args(["--model", "elmo", *required, "--init-from", "m"])
+    assert init_args.config_overrides is None
 
 
 def test_presets_and_yaml_files_load():
