@@ -10,7 +10,8 @@ import torch
 from transformers import AutoModelForSequenceClassification, BertConfig, BertModel
 
 from egbert.errors import CheckpointError, ConfigError
-from egbert.finetune.run import main
+from egbert.finetune.run import main, tokenize
+from egbert.finetune.tasks import GLUE_TASKS, read_glue_split
 from egbert.models.bert import EgbertBertConfig, EgbertBertModel
 from egbert.tokenizer import load_tokenizer
 
@@ -47,6 +48,26 @@ def tiny_bert_dir(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFac
     EgbertBertModel(EgbertBertConfig(vocab_size=len(tokenizer), **TINY)).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def test_a_tokenized_split_is_named_by_its_text_tokenizer_and_length(
+    glue_slice: Path, tiny_tokenizer_dir: Path, minilm_dir: Path
+) -> None:
+    """Our fingerprint replaces datasets' pickling of the tokenizer: stable across calls (the
+    backend's truncation state changes with each call), different when the encoding differs."""
+    task = GLUE_TASKS["rte"]
+    train = read_glue_split(task, "train", glue_slice)
+    tiny = load_tokenizer(tiny_tokenizer_dir)
+    first, again = (tokenize(train, task, tiny, 48, "train")._fingerprint for _ in range(2))
+    assert first == again
+    others = {
+        tokenize(train, task, tiny, 32, "train")._fingerprint,
+        tokenize(train, task, load_tokenizer(minilm_dir), 48, "train")._fingerprint,
+        tokenize(
+            read_glue_split(task, "validation", glue_slice), task, tiny, 48, "dev"
+        )._fingerprint,
+    }
+    assert first not in others and len(others) == 3
 
 
 def read_predictions(path: Path) -> list[list[str]]:

@@ -16,6 +16,7 @@ SIGTERM or Ctrl-C the same command with `--resume` goes on from it, to the same 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import tempfile
@@ -255,10 +256,31 @@ def tokenize(
         texts = [batch[column] for column in task.text_columns]
         return tokenizer(*texts, truncation=True, max_length=max_length)
 
-    encoded = dataset.map(encode, batched=True, desc=f"tokenizing {description}")
+    encoded = dataset.map(
+        encode,
+        batched=True,
+        desc=f"tokenizing {description}",
+        new_fingerprint=encoding_fingerprint(dataset, task, tokenizer, max_length),
+    )
     if "label" in encoded.column_names:
         encoded = encoded.rename_column("label", "labels")
     return encoded.remove_columns([c for c in encoded.column_names if c not in MODEL_INPUTS])
+
+
+def encoding_fingerprint(
+    dataset: datasets.Dataset, task: Task, tokenizer: PreTrainedTokenizerBase, max_length: int
+) -> str | None:
+    """What names the tokenized dataset (and its cache file, for hub data): left to `datasets`,
+    the fingerprint pickles the whole tokenizer, about a second per split on a small task.
+    None (datasets' own hashing) for a tokenizer without a fast backend to describe it."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    described = json.loads(backend.to_str())
+    del described["truncation"], described["padding"]  # set by each call, from max_length
+    parts = [dataset._fingerprint, *task.text_columns, str(max_length), json.dumps(described)]
+    parts += tokenizer.model_input_names
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------- model
