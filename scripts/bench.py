@@ -5,16 +5,19 @@ For each model family it builds egbert's model and its reference at the same siz
 bidirectional LM), feeds both the same random batches, and times full AdamW training steps,
 alternating egbert and reference step by step in one process so that a ratio holds on a noisy
 machine. Reports the median tokens/s over the timed steps, MFU against the matmul peak measured
-in the same run (a 2048x2048 `torch.mm`), and peak RSS (each model measured alone in a fresh
-subprocess, since RSS only grows within a process). `--compile` rows run in a subprocess with a
-time limit, so that a model torch.compile cannot handle, or takes too long over, gives a row that
-says so instead of ending the run.
+in the same run (a 2048x2048 `torch.mm` on the CPU, 8192x8192 on a GPU, where a small product
+falls far short of the peak), and peak memory (each model measured alone in a fresh subprocess:
+RSS on the CPU, since it only grows within a process; the allocator's peak on a GPU).
+`--device cuda` runs the same rows on a GPU. `--compile` rows run in a subprocess with a time
+limit, so that a model torch.compile cannot handle, or takes too long over, gives a row that says
+so instead of ending the run.
 
 A second table times egbert's data pipeline on real text (WikiText-2 and the shared WordPiece
 tokenizer): tokenization, NSP pair building, and the collators that run between training steps,
 in tokens/s next to training's, so a reader sees whether data could ever starve training.
 
     python scripts/bench.py --model all --precision all --json bench.json
+    python scripts/bench.py --device cuda --no-data --json bench-gpu.json
 """
 
 from __future__ import annotations
@@ -206,25 +209,44 @@ def workloads(
     return [named for family in families for named in builders[family]]
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work, so that a timer read after it counts that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def training_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, dtype) -> float:
+    device = batch["input_ids"].device
+    synchronize(device)
     start = time.perf_counter()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         loss = model(**batch).loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    synchronize(device)
     return time.perf_counter() - start
 
 
-def matmul_peak_flops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+def matmul_peak_flops(dtype: torch.dtype, device: torch.device, repeats: int = 10) -> float:
+    n = 8192 if device.type == "cuda" else 2048
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     torch.mm(a, b)
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         torch.mm(a, b)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return 2 * n**3 / min(times)
+
+
+def on_device(work: Workload, device: torch.device) -> Workload:
+    work.egbert.to(device)
+    work.reference.to(device)
+    work.batch = {name: tensor.to(device) for name, tensor in work.batch.items()}
+    return work
 
 
 def prepare(model: nn.Module, compile_model: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -267,7 +289,7 @@ def timing_row(
 ) -> dict:
     """One table row, timed in this process (peak RSS is filled in by the caller)."""
     name, build = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)[index]
-    work = build()
+    work = on_device(build(), torch.device(args.device))
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     times = time_pair(work, dtype, compile_model, args.warmup, args.steps)
     tokens = args.batch_size * args.seq_len
@@ -286,8 +308,8 @@ def timing_row(
         "ratio": times.reference / times.egbert,
         "egbert_mfu": work.flops_per_step / times.egbert / peak,
         "reference_mfu": work.flops_per_step / times.reference / peak,
-        "egbert_peak_rss_mb": float("nan"),
-        "reference_peak_rss_mb": float("nan"),
+        f"egbert_{memory_key(args)}": float("nan"),
+        f"reference_{memory_key(args)}": float("nan"),
         "egbert_first_step_s": times.egbert_first,
         "reference_first_step_s": times.reference_first,
         "note": note,
@@ -321,8 +343,8 @@ def compiled_row(args: argparse.Namespace, index: int, precision: str, peak: flo
         lines = error.stderr.strip().splitlines() or [f"exit status {error.returncode}"]
         note = f"torch.compile failed: {lines[-1][:160]}"
     name = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)[index][0]
-    nan = float("nan")
-    row = dict.fromkeys(ROW_NUMBERS, nan)
+    numbers = [*ROW_NUMBERS, f"egbert_{memory_key(args)}", f"reference_{memory_key(args)}"]
+    row = dict.fromkeys(numbers, float("nan"))
     return {"model": name, "precision": precision, "compile": True, **row, "note": note}
 
 
@@ -332,11 +354,14 @@ ROW_NUMBERS = (
     "ratio",
     "egbert_mfu",
     "reference_mfu",
-    "egbert_peak_rss_mb",
-    "reference_peak_rss_mb",
     "egbert_first_step_s",
     "reference_first_step_s",
 )
+
+
+def memory_key(args: argparse.Namespace) -> str:
+    """The row's memory numbers: process RSS on the CPU, the CUDA allocator's peak on a GPU."""
+    return "peak_cuda_mb" if args.device == "cuda" else "peak_rss_mb"
 
 
 def _child_command(args: argparse.Namespace) -> list[str]:
@@ -352,11 +377,13 @@ def _child_command(args: argparse.Namespace) -> list[str]:
         str(args.seq_len),
         "--vocab-size",
         str(args.vocab_size),
+        "--device",
+        args.device,
     ]
 
 
-def peak_rss_mb(args: argparse.Namespace, index: int, side: str, precision: str) -> float:
-    """Peak RSS of one model training alone, in a fresh interpreter."""
+def peak_memory_mb(args: argparse.Namespace, index: int, side: str, precision: str) -> float:
+    """Peak memory (see `memory_key`) of one model training alone, in a fresh interpreter."""
     command = [*_child_command(args), "--memory-of", f"{index}:{side}:{precision}"]
     result = subprocess.run(command, check=True, capture_output=True, text=True)
     return float(result.stdout.strip().splitlines()[-1])
@@ -373,13 +400,18 @@ def measure_memory_alone(args: argparse.Namespace) -> None:
     index, side, precision = args.memory_of.split(":")
     _, build = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)[int(index)]
     work = build()
-    model = work.egbert if side == "egbert" else work.reference
+    device = torch.device(args.device)
+    model = (work.egbert if side == "egbert" else work.reference).to(device)
     del work.egbert, work.reference
+    batch = {name: tensor.to(device) for name, tensor in work.batch.items()}
     model, optimizer = prepare(model, compile_model=False)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     for _ in range(3):
-        training_step(model, optimizer, work.batch, dtype)
-    print(peak_rss_of_this_process_mb())
+        training_step(model, optimizer, batch, dtype)
+    if device.type == "cuda":
+        print(torch.cuda.max_memory_allocated(device) / 2**20)
+    else:
+        print(peak_rss_of_this_process_mb())
 
 
 # ---------------------------------------------------------------- the data pipeline
@@ -457,10 +489,12 @@ def data_rows(args: argparse.Namespace) -> list[dict]:
 # ---------------------------------------------------------------- tables
 
 
-def markdown_table(rows: list[dict]) -> str:
+def markdown_table(rows: list[dict], memory: str) -> str:
+    """The rows; `memory`: the key of their memory numbers (see `memory_key`)."""
+    label = "peak GPU MB" if memory == "peak_cuda_mb" else "peak RSS MB"
     header = (
         "| model | precision | compile | egbert tokens/s | reference tokens/s | ratio "
-        "| egbert MFU | reference MFU | egbert peak RSS MB | reference peak RSS MB | note |"
+        f"| egbert MFU | reference MFU | egbert {label} | reference {label} | note |"
     )
     lines = [header, "|" + "---|" * 11]
     for row in rows:
@@ -468,14 +502,14 @@ def markdown_table(rows: list[dict]) -> str:
             f"| {row['model']} | {row['precision']} | {row['compile']} "
             f"| {row['egbert_tokens_per_s']:,.0f} | {row['reference_tokens_per_s']:,.0f} "
             f"| {row['ratio']:.2f}x | {row['egbert_mfu']:.2f} | {row['reference_mfu']:.2f} "
-            f"| {megabytes(row['egbert_peak_rss_mb'])} | {megabytes(row['reference_peak_rss_mb'])} "
+            f"| {megabytes(row[f'egbert_{memory}'])} | {megabytes(row[f'reference_{memory}'])} "
             f"| {row['note']} |"
         )
     return "\n".join(lines)
 
 
 def megabytes(value: float) -> str:
-    """Peak RSS for the table; compiled rows are timed only, so theirs is NaN and shows as -."""
+    """Peak memory for the table; compiled rows are timed only, so theirs is NaN and shows as -."""
     return "-" if math.isnan(value) else f"{value:,.0f}"
 
 
@@ -507,7 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--vocab-size", type=int, default=30522)
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak RSS runs")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where both models train (default: cpu; cuda: the first GPU)",
+    )
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak memory runs")
     parser.add_argument("--no-data", action="store_true", help="skip the data pipeline table")
     parser.add_argument(
         "--data", help="data folder with corpus/wikitext-2 (default: $EGBERT_DATA, else ../shared)"
@@ -530,7 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = build_parser().parse_args()
+    parser = build_parser()
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no GPU here (torch.cuda.is_available() is False)")
     torch.manual_seed(0)
     if args.memory_of:
         measure_memory_alone(args)
@@ -541,11 +584,14 @@ def main() -> None:
         return
     precisions = ["fp32", "bf16"] if args.precision == "all" else [args.precision]
     compile_modes = [False, True] if args.compile else [False]
+    device = torch.device(args.device)
     peaks = {
-        p: matmul_peak_flops(torch.bfloat16 if p == "bf16" else torch.float32) for p in precisions
+        p: matmul_peak_flops(torch.bfloat16 if p == "bf16" else torch.float32, device)
+        for p in precisions
     }
+    where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; matmul peak "
+        f"torch {torch.__version__}, {where}, {torch.get_num_threads()} threads; matmul peak "
         + ", ".join(f"{p} {flops / 1e9:.0f} GFLOP/s" for p, flops in peaks.items()),
         flush=True,
     )
@@ -560,11 +606,12 @@ def main() -> None:
                     row = timing_row(args, index, precision, False, peaks[precision])
                     if not args.no_memory:
                         for side in ("egbert", "reference"):
-                            row[f"{side}_peak_rss_mb"] = peak_rss_mb(args, index, side, precision)
+                            memory = peak_memory_mb(args, index, side, precision)
+                            row[f"{side}_{memory_key(args)}"] = memory
                 rows.append(row)
-                print(markdown_table([row]).splitlines()[-1], flush=True)
+                print(markdown_table([row], memory_key(args)).splitlines()[-1], flush=True)
     print()
-    print(markdown_table(rows))
+    print(markdown_table(rows, memory_key(args)))
     data = [] if args.no_data else data_rows(args)
     if data:
         fastest = max(
