@@ -184,7 +184,7 @@ def seconds_per_step(family: str, preset: str, tokenizer, steps: int = 3) -> flo
     model, _ = pretrain_run.build_model(args, tokenizer)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # where the trainer will train
     model.to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # as the trainer
     batch = probe_batch(family, model.config.vocab_size, torch.Generator().manual_seed(0))
     batch = {name: tensor.to(device) for name, tensor in batch.items()}
     times = []

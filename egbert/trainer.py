@@ -440,6 +440,9 @@ class Trainer:
             lr=args.lr,
             betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_epsilon,
+            # torch's default on the CPU is a Python loop over the tensors: 85 ms a step for
+            # MiniLM's 23M parameters on 2 cores, against 16 ms fused (transformers.Trainer's)
+            fused=self.accelerator.device.type in ("cpu", "cuda"),
         )
         self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
             model, optimizer, train_loader
@@ -703,11 +706,14 @@ class Trainer:
         state, args = self.state, self.args
         if self._window["steps"] and (state.step % args.log_every == 0 or self._finished()):
             self._log_training(progress)
+        # The clock runs on from the backward pass, so the update just made counts at the next
+        # step; evaluation and saving do not count as training time.
+        paused_at = time.perf_counter()
         if args.eval_every and state.step % args.eval_every == 0 and self._can_evaluate():
             self._evaluate_and_track()
         if args.save_every and state.step % args.save_every == 0 and not self._finished():
             self.save_checkpoint()
-        self._clock = time.perf_counter()  # evaluation and saving are not training time
+        self._clock += time.perf_counter() - paused_at
 
     def _log_training(self, progress: tqdm) -> None:
         window, now = self._window, self.state.elapsed_seconds  # training time only

@@ -402,6 +402,20 @@ def test_budget_stops_on_time_with_the_schedule_at_zero(tmp_path):
     assert schedule_multiplier("cosine", budget_s, budget_s, 0.3) == 0.0
 
 
+def test_training_time_counts_the_updates_but_not_evaluation(tmp_path):
+    """A budget is training wall time: optimizer steps count (they once fell out of it, so
+    budget runs overran their minutes); evaluations and checkpoints do not."""
+    trainer = make_trainer(tmp_path, max_steps=6, eval_size=8, eval_every=1, save_every=1)
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # Accelerate wraps it
+    optimizer.register_step_pre_hook(lambda *_: time.sleep(0.1))
+    trainer.model.register_forward_pre_hook(
+        lambda module, _: None if module.training else time.sleep(0.2)
+    )
+    result = trainer.train()
+    # five updates are followed by a step that counts them; six evaluations sleep 2.4 s
+    assert 5 * 0.1 <= result.elapsed_seconds < 5 * 0.1 + 1.0
+
+
 # ---------------------------------------------------------------- two processes
 
 
