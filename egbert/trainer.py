@@ -440,8 +440,8 @@ class Trainer:
             lr=args.lr,
             betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_epsilon,
-            # torch's default on the CPU is a Python loop over the tensors: 85 ms a step for
-            # MiniLM's 23M parameters on 2 cores, against 16 ms fused (transformers.Trainer's)
+            # torch's default on the CPU is a Python loop over the tensors: 49 ms a step for the
+            # mini bert's 7.5M parameters on one core, against 5.6 ms fused (as transformers')
             fused=self.accelerator.device.type in ("cpu", "cuda"),
         )
         self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
