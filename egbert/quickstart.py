@@ -39,6 +39,7 @@ from egbert.finetune.tasks import GLUE_TASKS, available_tasks, get_task
 from egbert.pretrain import run as pretrain_run
 from egbert.pretrain.data import load_hub_documents
 from egbert.tokenizer import format_stats, load_tokenizer, tokenizer_stats, train_tokenizer
+from egbert.trainer import adamw
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 WIKITEXT = Path("corpus") / "wikitext-2"
@@ -184,7 +185,7 @@ def seconds_per_step(family: str, preset: str, tokenizer, steps: int = 3) -> flo
     model, _ = pretrain_run.build_model(args, tokenizer)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # where the trainer will train
     model.to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # as the trainer
+    optimizer = adamw(model.parameters(), device, lr=1e-4)  # the trainer's optimizer
     batch = probe_batch(family, model.config.vocab_size, torch.Generator().manual_seed(0))
     batch = {name: tensor.to(device) for name, tensor in batch.items()}
     times = []

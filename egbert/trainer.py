@@ -251,6 +251,14 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
     ]
 
 
+def adamw(parameters: Any, device: torch.device | str, **options: Any) -> torch.optim.AdamW:
+    """torch's AdamW, fused where torch has the kernel (as transformers.Trainer): its default on
+    the CPU is a Python loop over the tensors, 49 ms a step for the mini bert's 7.5M parameters
+    on one core against 5.6 ms fused."""
+    fused = torch.device(device).type in ("cpu", "cuda")
+    return torch.optim.AdamW(parameters, fused=fused, **options)
+
+
 class EpochShuffleSampler(Sampler[int]):
     """A new permutation every epoch, a pure function of (seed, epoch): the order of any epoch
     can be replayed on resume without replaying the ones before it."""
@@ -435,14 +443,12 @@ class Trainer:
                 num_workers=args.num_workers,
                 generator=torch.Generator().manual_seed(args.seed),
             )
-        optimizer = torch.optim.AdamW(
+        optimizer = adamw(
             parameter_groups(model, args.weight_decay),
+            self.accelerator.device,
             lr=args.lr,
             betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_epsilon,
-            # torch's default on the CPU is a Python loop over the tensors: 49 ms a step for the
-            # mini bert's 7.5M parameters on one core, against 5.6 ms fused (as transformers')
-            fused=self.accelerator.device.type in ("cpu", "cuda"),
         )
         self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
             model, optimizer, train_loader

@@ -242,10 +242,14 @@ def matmul_peak_flops(dtype: torch.dtype, device: torch.device, repeats: int = 1
     return 2 * n**3 / min(times)
 
 
+def batch_on(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {name: tensor.to(device) for name, tensor in batch.items()}
+
+
 def on_device(work: Workload, device: torch.device) -> Workload:
     work.egbert.to(device)
     work.reference.to(device)
-    work.batch = {name: tensor.to(device) for name, tensor in work.batch.items()}
+    work.batch = batch_on(work.batch, device)
     return work
 
 
@@ -403,7 +407,7 @@ def measure_memory_alone(args: argparse.Namespace) -> None:
     device = torch.device(args.device)
     model = (work.egbert if side == "egbert" else work.reference).to(device)
     del work.egbert, work.reference
-    batch = {name: tensor.to(device) for name, tensor in work.batch.items()}
+    batch = batch_on(work.batch, device)
     model, optimizer = prepare(model, compile_model=False)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     for _ in range(3):
@@ -595,6 +599,7 @@ def main() -> None:
         + ", ".join(f"{p} {flops / 1e9:.0f} GFLOP/s" for p, flops in peaks.items()),
         flush=True,
     )
+    memory = memory_key(args)
     rows = []
     named = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)
     for index in range(len(named)):
@@ -606,12 +611,11 @@ def main() -> None:
                     row = timing_row(args, index, precision, False, peaks[precision])
                     if not args.no_memory:
                         for side in ("egbert", "reference"):
-                            memory = peak_memory_mb(args, index, side, precision)
-                            row[f"{side}_{memory_key(args)}"] = memory
+                            row[f"{side}_{memory}"] = peak_memory_mb(args, index, side, precision)
                 rows.append(row)
-                print(markdown_table([row], memory_key(args)).splitlines()[-1], flush=True)
+                print(markdown_table([row], memory).splitlines()[-1], flush=True)
     print()
-    print(markdown_table(rows, memory_key(args)))
+    print(markdown_table(rows, memory))
     data = [] if args.no_data else data_rows(args)
     if data:
         fastest = max(
