@@ -23,6 +23,7 @@ count or recipe on the same --output-dir is refused.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import subprocess
@@ -247,6 +248,34 @@ def ablation_flags(name: str, value: Any) -> list[str]:
 
 # ---------------------------------------------------------------- pretraining
 
+SITTING_FILE = "sitting.json"  # when a budget run finished and from which commit
+
+
+def stamp_sitting(run_dir: Path) -> None:
+    """Record the day and the code of a budget run that just finished. A shared machine's speed
+    changes from day to day (here the stock recipe's step took 2.5 s one day and 3.9 s another),
+    so the same budget buys another number of steps, and a folder that reuses older runs has to
+    show where they came from."""
+    git = ["git", "-C", str(STOCK_SCRIPT.parent), "rev-parse", "--short", "HEAD"]
+    commit = subprocess.run(git, capture_output=True, text=True, check=False).stdout.strip()
+    finished = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    sitting = {"finished_utc": finished, "commit": commit or None}
+    (run_dir / SITTING_FILE).write_text(json.dumps(sitting) + "\n", encoding="utf-8")
+
+
+def read_sitting(run_dir: Path) -> dict[str, Any]:
+    """The run's stamp; runs made before stamping (or copied without it) have none."""
+    path = run_dir / SITTING_FILE
+    if not path.is_file():
+        return {"finished_utc": None, "commit": None}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def sittings_differ(summaries: dict[str, dict[str, Any]]) -> bool:
+    """True when the budget runs did not all finish on one known day."""
+    days = {(s["finished_utc"] or "unknown")[:10] for s in summaries.values()}
+    return len(days) > 1
+
 
 def pretrain_stock(
     run_dir: Path, tokenizer_dir: Path, files: Sequence[Path], preset: str, budget: float
@@ -264,6 +293,7 @@ def pretrain_stock(
     code = subprocess.run(command, check=False).returncode
     if code != 0 or not quickstart.is_finished(run_dir):
         raise TrainingError(f"{STOCK_SCRIPT.name} failed (exit code {code}); see its output above")
+    stamp_sitting(run_dir)
     return run_dir
 
 
@@ -293,6 +323,7 @@ def pretrain_egbert(
         argv.append("--resume")
     print(f"  {label}: {budget:g} min -> {run_dir}", flush=True)
     pretrain_run.main(argv)
+    stamp_sitting(run_dir)
     return run_dir
 
 
@@ -381,14 +412,22 @@ def pretraining_summary(run_dir: Path) -> dict[str, Any]:
         summary = {"steps": recipe["steps"], "minutes": recipe["minutes"]}
     else:
         summary = {k: v for k, v in quickstart.pretraining_summary(run_dir).items() if k != "eval"}
-    return summary | {"loss": loss_name(run_dir), "final_loss": curve[-1][1] if curve else None}
+    final_loss = curve[-1][1] if curve else None
+    return summary | {"loss": loss_name(run_dir), "final_loss": final_loss} | read_sitting(run_dir)
 
 
 def pretraining_table(summaries: dict[str, dict[str, Any]]) -> str:
-    lines = ["| model | steps | minutes | final training loss |", "|---|---:|---:|---|"]
+    lines = ["| model | steps | minutes | final training loss | finished (UTC), commit |"]
+    lines.append("|---|---:|---:|---|---|")
     for label, s in summaries.items():
         loss = f"{s['final_loss']:.3f} ({s['loss']})" if s["final_loss"] is not None else "none"
-        lines.append(f"| {label} | {s['steps']:,} | {s['minutes']:.1f} | {loss} |")
+        sitting = f"{s['finished_utc']}, {s['commit']}" if s["finished_utc"] else "not recorded"
+        lines.append(f"| {label} | {s['steps']:,} | {s['minutes']:.1f} | {loss} | {sitting} |")
+    if sittings_differ(summaries):
+        lines.append(
+            "\nThe budget runs above did not all finish on one day: step counts (and so scores) "
+            "compare fairly only within one sitting; a new --output-dir reruns them together."
+        )
     return "\n".join(lines)
 
 

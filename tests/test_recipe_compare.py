@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import json
 import math
@@ -76,6 +77,9 @@ def test_the_table_has_a_finite_number_for_every_model_and_task(finished_run: Pa
         summary = report["pretraining"][label]
         assert summary["steps"] >= 1 and summary["minutes"] <= 0.1 + 0.05
         assert math.isfinite(summary["final_loss"])
+        # Stamped with the day it ran, so a later rerun can tell old runs from new ones.
+        today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+        assert summary["finished_utc"].startswith(today)
     nsp = recipe_compare.recipe_arguments("tiny")[0].nsp
     assert report["pretraining"]["egbert"]["loss"] == ("MLM + NSP" if nsp else "MLM")
     # egbert's model config fields hold while pretraining; fine-tuning gets BERT's dropout back.
@@ -184,3 +188,17 @@ def test_bad_input_is_one_line_on_stderr(
     assert exit_info.value.code == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and message in error, error
+
+
+def test_the_pretraining_table_says_when_budget_runs_come_from_different_days():
+    def summary(finished: str | None) -> dict:
+        return {"steps": 10, "minutes": 25.0, "loss": "MLM", "final_loss": 6.0,
+                "finished_utc": finished, "commit": "abc1234" if finished else None}  # fmt: skip
+
+    one_day = {"stock": summary("2026-11-23 10:00"), "egbert": summary("2026-11-23 11:00")}
+    table = recipe_compare.pretraining_table(one_day)
+    assert "| stock | 10 | 25.0 | 6.000 (MLM) | 2026-11-23 10:00, abc1234 |" in table
+    assert "one sitting" not in table
+    for other in (summary("2026-11-22 23:00"), summary(None)):
+        table = recipe_compare.pretraining_table(one_day | {"egbert": other})
+        assert "did not all finish on one day" in table
