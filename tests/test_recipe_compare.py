@@ -72,13 +72,13 @@ def test_the_table_has_a_finite_number_for_every_model_and_task(finished_run: Pa
         assert len(numbers) == len(TASKS) + 1 and all(map(math.isfinite, numbers))
         assert numbers[-1] == pytest.approx(sum(numbers[:-1]) / len(TASKS), abs=0.06)
 
-    # Both recipes trained within the budget and logged a loss curve.
+    # Both recipes trained within the budget, logged a loss curve and were stamped with the day
+    # they ran, so a later rerun can tell old runs from new ones.
+    today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     for label in ("stock", "egbert"):
         summary = report["pretraining"][label]
         assert summary["steps"] >= 1 and summary["minutes"] <= 0.1 + 0.05
         assert math.isfinite(summary["final_loss"])
-        # Stamped with the day it ran, so a later rerun can tell old runs from new ones.
-        today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         assert summary["finished_utc"].startswith(today)
     nsp = recipe_compare.recipe_arguments("tiny")[0].nsp
     assert report["pretraining"]["egbert"]["loss"] == ("MLM + NSP" if nsp else "MLM")
