@@ -389,13 +389,13 @@ def _nsp_batch(
     batch: dict[str, list], indices: list[int], documents: Dataset, **options
 ) -> dict[str, list]:
     def other_document(index: int, rng: random.Random) -> list[list[int]]:
-        # As BERT: up to 10 tries for a document other than this one (a one-document corpus
-        # has no other, and then its own text has to serve).
-        for _ in range(10):
-            other = rng.randrange(len(documents))
-            if other != index:
-                break
-        return documents[other]["input_ids"]
+        # Uniform over the other documents. BERT's 10 random tries can all hit this one (one
+        # in 1,024 with two documents), making a NotNext pair from the same document; only a
+        # one-document corpus has to use its own text.
+        if len(documents) == 1:
+            return documents[0]["input_ids"]
+        other = rng.randrange(len(documents) - 1)
+        return documents[other + (other >= index)]["input_ids"]
 
     examples = _empty_nsp_columns()
     for document, index in zip(batch["input_ids"], indices, strict=True):
