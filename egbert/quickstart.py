@@ -39,7 +39,7 @@ from egbert.finetune.tasks import GLUE_TASKS, available_tasks, get_task
 from egbert.pretrain import run as pretrain_run
 from egbert.pretrain.data import load_hub_documents
 from egbert.tokenizer import format_stats, load_tokenizer, tokenizer_stats, train_tokenizer
-from egbert.trainer import adamw
+from egbert.trainer import adamw, bf16_pays_off
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 WIKITEXT = Path("corpus") / "wikitext-2"
@@ -85,6 +85,11 @@ class Plan:
     epochs: int
     seed: int
     families: list[str] = field(default_factory=lambda: list(MODEL_FAMILIES))
+    # bf16 autocast where it is faster than fp32 (plans written before this field used it)
+    bf16: bool = True
+
+    def precision_flags(self) -> list[str]:
+        return ["--bf16"] if self.bf16 else []
 
 
 # ---------------------------------------------------------------- data
@@ -179,11 +184,16 @@ def probe_batch(family: str, vocab_size: int, generator: torch.Generator) -> dic
     }
 
 
-def seconds_per_step(family: str, preset: str, tokenizer, steps: int = 3) -> float:
+def training_device() -> str:
+    """Where the trainer will train: the GPU if there is one."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def seconds_per_step(family: str, preset: str, tokenizer, bf16: bool, steps: int = 3) -> float:
     """Median wall time of an AdamW training step of the family at the preset."""
     args = PretrainArguments(model=family, tokenizer="", train_files=[], preset=preset)
     model, _ = pretrain_run.build_model(args, tokenizer)
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # where the trainer will train
+    device = training_device()
     model.to(device).train()
     optimizer = adamw(model.parameters(), device, lr=1e-4)  # the trainer's optimizer
     batch = probe_batch(family, model.config.vocab_size, torch.Generator().manual_seed(0))
@@ -191,7 +201,7 @@ def seconds_per_step(family: str, preset: str, tokenizer, steps: int = 3) -> flo
     times = []
     for _ in range(steps + 1):  # the first step pays for allocations
         start = time.perf_counter()
-        with torch.autocast(device, dtype=torch.bfloat16):  # training runs with --bf16
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):  # as training will
             loss = model(**batch).loss
         loss.backward()
         optimizer.step()
@@ -204,8 +214,11 @@ def seconds_per_step(family: str, preset: str, tokenizer, steps: int = 3) -> flo
 
 def make_plan(args: argparse.Namespace, tokenizer, n_finetunes: int) -> Plan:
     """Share the budget out: one step count for every family, from their measured step times."""
-    print("  timing a few training steps of each family", flush=True)
-    step_seconds = {f: seconds_per_step(f, args.preset, tokenizer) for f in MODEL_FAMILIES}
+    device = training_device()
+    bf16 = bf16_pays_off(device)
+    precision = "bf16 autocast" if bf16 else f"fp32 (bf16 is slower than fp32 on this {device})"
+    print(f"  timing a few training steps of each family in {precision}", flush=True)
+    step_seconds = {f: seconds_per_step(f, args.preset, tokenizer, bf16) for f in MODEL_FAMILIES}
     pretrain_seconds = args.budget_minutes * 60 * PRETRAIN_SHARE
     steps = max(1, int(pretrain_seconds / sum(step_seconds.values())))
     samples = args.max_train_samples or max(
@@ -220,6 +233,7 @@ def make_plan(args: argparse.Namespace, tokenizer, n_finetunes: int) -> Plan:
         finetune_samples=samples,
         epochs=args.epochs,
         seed=args.seed,
+        bf16=bf16,
     )
 
 
@@ -275,7 +289,7 @@ def pretrain_family(
         "--max-steps", str(plan.pretrain_steps),
         "--lr", str(PRETRAIN_LR), "--warmup-steps", "0.06",
         "--save-every", str(max(50, plan.pretrain_steps // 5)), "--keep-checkpoints", "1",
-        "--bf16", "--seed", str(plan.seed), "--output-dir", str(run_dir),
+        *plan.precision_flags(), "--seed", str(plan.seed), "--output-dir", str(run_dir),
     ]  # fmt: skip
     if valid_files:
         argv += ["--validation-files", *map(str, valid_files)]
@@ -343,7 +357,7 @@ def finetune(
         "--task", task, "--model", str(model_dir), "--output-dir", str(run_dir),
         "--epochs", str(1 if task == "sst2" else plan.epochs), "--lr", str(FINETUNE_LR),
         "--batch-size", "32", "--max-seq-length", "128", "--seed", str(plan.seed),
-        "--max-train-samples", str(plan.finetune_samples), "--bf16", "--no-predict",
+        "--max-train-samples", str(plan.finetune_samples), *plan.precision_flags(), "--no-predict",
         *head.flags(),
     ]  # fmt: skip
     if data is not None:

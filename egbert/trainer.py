@@ -34,6 +34,7 @@ batch size is per process and every process reports the loss averaged over all o
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import itertools
 import json
@@ -539,6 +540,18 @@ class Trainer:
                 f"disk space (or fix the permissions) and run again with --resume ({kept})"
             ) from None
 
+    def _warn_if_bf16_is_slow(self) -> None:
+        device = self.accelerator.device.type
+        if self.args.bf16 and not bf16_pays_off(device):
+            bf16 = matmul_gflops(device, torch.bfloat16)
+            fp32 = matmul_gflops(device, torch.float32)
+            self.accelerator.print(
+                f"egbert: warning: bf16 is slower than fp32 on this {device} (matmul {bf16:,.1f} "
+                f"against {fp32:,.1f} GFLOP/s: no native bf16 instructions); drop --bf16 to "
+                "train faster",
+                flush=True,
+            )
+
     def _train_and_save(self) -> TrainOutput:
         accelerator = self.accelerator
         self._start_or_resume()
@@ -557,6 +570,7 @@ class Trainer:
             disable=not accelerator.is_local_main_process,
             dynamic_ncols=True,
         )
+        self._warn_if_bf16_is_slow()
         with self._stop_on_signals():
             self._train_loop(progress)
         progress.close()
@@ -1163,6 +1177,36 @@ process(es) ({self.accelerator.device}); loss curve: `loss_curve.png`, log: `met
 
 def _reason(error: OSError) -> str:
     return "disk full" if error.errno == errno.ENOSPC else error.strerror or str(error)
+
+
+@functools.cache
+def matmul_gflops(device: str, dtype: torch.dtype, size: int = 256) -> float:
+    """GFLOP/s of one size x size matmul at `dtype` on `device`, best of three after a warm-up."""
+    matrix = torch.randn(size, size, device=device).to(dtype)
+    best = math.inf
+    for repeat in range(4):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        torch.mm(matrix, matrix)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if repeat:  # the first call pays for allocations and kernel selection
+            best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / max(best, 1e-9) / 1e9
+
+
+def bf16_pays_off(device: str) -> bool:
+    """Whether bf16 autocast makes training faster on this device.
+
+    CPUs without native bf16 instructions (AVX512-BF16 or AMX; e.g. AVX2-only AMD EPYC) emulate
+    bf16 matmuls hundreds of times slower than fp32, so on a CPU this is measured, not assumed.
+    """
+    if device == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device != "cpu":
+        return True  # other accelerators: trust the user's --bf16
+    return matmul_gflops("cpu", torch.bfloat16) > matmul_gflops("cpu", torch.float32)
 
 
 def _has_accelerator() -> bool:

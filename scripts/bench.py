@@ -53,6 +53,7 @@ from egbert.pretrain.data import (
     tokenize_documents,
 )
 from egbert.tokenizer import load_tokenizer, train_tokenizer
+from egbert.trainer import bf16_pays_off
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -532,7 +533,12 @@ def data_table(rows: list[dict], training_tokens_per_s: float | None) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["bert", "gpt", "elmo", "all"], default="all")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "all"], default="all")
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "all"],
+        default="all",
+        help="all: fp32, and bf16 where it is faster than fp32 on the device",
+    )
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
     parser.add_argument(
         "--compile-timeout",
@@ -586,9 +592,16 @@ def main() -> None:
         index, precision = args.row_of.split(":")
         print(json.dumps(timing_row(args, int(index), precision, args.compile, args.peak_flops)))
         return
-    precisions = ["fp32", "bf16"] if args.precision == "all" else [args.precision]
-    compile_modes = [False, True] if args.compile else [False]
     device = torch.device(args.device)
+    precisions = ["fp32", "bf16"] if args.precision == "all" else [args.precision]
+    if args.precision == "all" and not bf16_pays_off(device.type):
+        print(
+            f"skipping bf16: it is slower than fp32 on this {device.type} (no native bf16 "
+            "instructions); --precision bf16 times it anyway",
+            flush=True,
+        )
+        precisions = ["fp32"]
+    compile_modes = [False, True] if args.compile else [False]
     peaks = {
         p: matmul_peak_flops(torch.bfloat16 if p == "bf16" else torch.float32, device)
         for p in precisions

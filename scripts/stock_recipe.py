@@ -7,8 +7,9 @@ measured against (issue #9). Plain transformers only, no egbert code.
 `BertForMaskedLM` (mini: L4 H256 A4 FFN1024) on the text files tokenized line by line and
 concatenated into 128-token blocks (run_mlm.py's `group_texts`), dynamic 15% masking by
 `DataCollatorForLanguageModeling`, batch 64, AdamW lr 1e-3 with weight decay 0.01, 6% warmup
-then linear decay, bf16 autocast, trained by `transformers.Trainer`. A few timed steps choose
-`max_steps` so that the decay ends at the deadline; a callback stops at the deadline anyway.
+then linear decay, bf16 autocast (`--no-bf16`: fp32), trained by `transformers.Trainer`. A few
+timed steps choose `max_steps` so that the decay ends at the deadline; a callback stops at the
+deadline anyway.
 The output directory gets the model (safetensors) and tokenizer, `loss_curve.jsonl` (one
 {"step", "minutes", "loss"} line per logged step) and `recipe.json` (steps, minutes, timing).
 """
@@ -108,7 +109,7 @@ def build_model(preset: str, tokenizer: PreTrainedTokenizerBase) -> BertForMaske
 
 
 def training_arguments(
-    output_dir: Path, max_steps: int, seed: int, **overrides: Any
+    output_dir: Path, max_steps: int, seed: int, bf16: bool, **overrides: Any
 ) -> TrainingArguments:
     return TrainingArguments(
         output_dir=str(output_dir),
@@ -118,7 +119,7 @@ def training_arguments(
         warmup_steps=WARMUP,
         lr_scheduler_type="linear",
         max_steps=max_steps,
-        bf16=True,
+        bf16=bf16,
         use_cpu=not torch.cuda.is_available(),  # bf16 on a CPU-only machine needs it said
         logging_steps=max(1, min(10, max_steps // 5)),  # short runs still get a curve
         save_strategy="no",
@@ -177,13 +178,15 @@ class LossCurveWriter(TrainerCallback):
                 handle.write(json.dumps(record | {"loss": logs["loss"]}) + "\n")
 
 
-def seconds_per_step(model, blocks: Dataset, collator, output_dir: Path, seed: int) -> float:
+def seconds_per_step(
+    model, blocks: Dataset, collator, output_dir: Path, seed: int, bf16: bool
+) -> float:
     """Mean time of a Trainer step, measured on a copy of the model (the real run starts from
     the untouched initial weights)."""
     timer = StepTimer()
     with tempfile.TemporaryDirectory(dir=output_dir) as scratch:
         args = training_arguments(
-            Path(scratch), PROBE_STEPS + 1, seed, disable_tqdm=True, logging_strategy="no"
+            Path(scratch), PROBE_STEPS + 1, seed, bf16, disable_tqdm=True, logging_strategy="no"
         )
         probe = Trainer(
             model=copy.deepcopy(model),
@@ -220,7 +223,7 @@ def pretrain(args: argparse.Namespace) -> dict:
     blocks = build_blocks(tokenizer, args.train_files)
     model = build_model(args.preset, tokenizer)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=MLM_PROBABILITY)
-    step_seconds = seconds_per_step(model, blocks, collator, output_dir, args.seed)
+    step_seconds = seconds_per_step(model, blocks, collator, output_dir, args.seed, args.bf16)
     budget_seconds = args.budget_minutes * 60
     max_steps = max(1, int(budget_seconds / step_seconds))
     print(
@@ -231,7 +234,7 @@ def pretrain(args: argparse.Namespace) -> dict:
     deadline = StopAtDeadline(budget_seconds)
     trainer = Trainer(
         model=model,
-        args=training_arguments(output_dir, max_steps, args.seed),
+        args=training_arguments(output_dir, max_steps, args.seed, args.bf16),
         data_collator=collator,
         train_dataset=blocks,
         callbacks=[deadline, LossCurveWriter(output_dir / "loss_curve.jsonl")],
@@ -240,6 +243,7 @@ def pretrain(args: argparse.Namespace) -> dict:
     summary = {
         "preset": args.preset,
         "budget_minutes": args.budget_minutes,
+        "bf16": args.bf16,
         "seconds_per_step": round(step_seconds, 4),
         "max_steps": max_steps,
         "steps": result.global_step,
@@ -262,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget-minutes", type=float, required=True)
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="bf16 autocast, the recipe's (default); --no-bf16 trains in fp32, for CPUs without "
+        "native bf16 (AVX512-BF16 or AMX), where bf16 is slower than fp32",
+    )
     return parser
 
 

@@ -93,6 +93,10 @@ def test_the_table_has_a_finite_number_for_every_model_and_task(finished_run: Pa
     assert (finished_run / "loss_curves.png").stat().st_size > 1000
     stock = finished_run / "pretrain" / "stock"
     assert json.loads((stock / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    # Both recipes and the fine-tuning use bf16 only where it is faster than fp32 here.
+    bf16 = bool(recipe_compare.precision_flags())
+    assert json.loads((stock / "recipe.json").read_text())["bf16"] == bf16
+    assert ("--bf16" in report["egbert_recipe"]) == bf16 == ("--bf16" in report["family_recipe"])
 
 
 def test_a_rerun_reuses_every_finished_step(

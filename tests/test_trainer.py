@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import signal
 import subprocess
@@ -29,6 +30,8 @@ from egbert.trainer import (
     EpochShuffleSampler,
     Trainer,
     TrainingArguments,
+    bf16_pays_off,
+    matmul_gflops,
     noam_multiplier,
     parameter_groups,
     schedule_multiplier,
@@ -259,6 +262,17 @@ def test_loss_falls_and_outputs_are_written(tmp_path):
         assert (tmp_path / name).is_file(), name
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-30"]
     assert any((tmp_path / "tensorboard").iterdir())
+
+
+def test_bf16_warns_where_it_is_slower_than_fp32(tmp_path, capsys):
+    AcceleratorState._reset_state(reset_partial_state=True)  # the precision is process-wide
+    make_trainer(tmp_path, bf16=True, max_steps=1).train()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    warned = "bf16 is slower than fp32" in capsys.readouterr().out
+    bf16, fp32 = (matmul_gflops("cpu", dtype) for dtype in (torch.bfloat16, torch.float32))
+    assert math.isfinite(bf16) and math.isfinite(fp32) and bf16 > 0 and fp32 > 0
+    assert bf16_pays_off("cpu") == (bf16 > fp32)
+    assert warned == (bf16 <= fp32)
 
 
 def test_grad_accumulation_equals_the_larger_batch(tmp_path):
