@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from accelerate.state import AcceleratorState, GradientState
 
+from egbert import quickstart
 from egbert.errors import ConfigError, DataError
 from egbert.quickstart import export_hub_corpus, main
 from egbert.trainer import bf16_pays_off
@@ -115,3 +117,19 @@ def test_help_explains_the_options(capsys: pytest.CaptureFixture):
         main(["--help"])
     assert exit_info.value.code == 0
     assert "--budget-minutes" in capsys.readouterr().out
+
+
+def test_the_plan_scales_with_the_measured_step_times(monkeypatch: pytest.MonkeyPatch):
+    args = argparse.Namespace(
+        preset="tiny", budget_minutes=30.0, vocab_size=600, max_train_samples=None, epochs=3, seed=0
+    )
+
+    def plan_with_steps_of(seconds: float) -> quickstart.Plan:
+        monkeypatch.setattr(quickstart, "seconds_per_step", lambda *_args: seconds)
+        return quickstart.make_plan(args, tokenizer=None, n_finetunes=6)
+
+    reference = plan_with_steps_of(quickstart.REFERENCE_STEP_SECONDS / 3)
+    slower = plan_with_steps_of(2 * quickstart.REFERENCE_STEP_SECONDS / 3)
+    assert reference.finetune_samples == quickstart.SAMPLES_PER_30_MINUTES
+    assert slower.finetune_samples == quickstart.SAMPLES_PER_30_MINUTES // 2
+    assert abs(slower.pretrain_steps - reference.pretrain_steps / 2) <= 1
