@@ -1053,6 +1053,8 @@ class Trainer:
         main = self.accelerator.is_main_process
         if main:
             shutil.rmtree(temp, ignore_errors=True)
+        # Saving creates the folder in every process: none may do so before it is cleared.
+        self.accelerator.wait_for_everyone()
         try:
             self._save_model(temp, with_tokenizer=True)
             if main:
