@@ -49,8 +49,9 @@ PRETRAIN_SHARE = 0.45  # of the budget; fine-tuning gets the rest
 BATCH_SIZE, SEQ_LEN = 32, 128
 # Fine-tuning examples per task at a 30-minute budget with six tasks, scaled with the budget
 # and shared out among the fine-tunes of each model; tuned where the three families' tiny
-# training steps took this long together (bf16 on a 2-core AMX CPU), and scaled by the measured
-# step times elsewhere, so that a slower machine or a larger preset still keeps to the budget.
+# training steps took this long together (bf16 on a 2-core CPU with native bf16), and scaled by
+# the measured step times elsewhere, so that a slower machine or a larger preset keeps to the
+# budget.
 SAMPLES_PER_30_MINUTES = 3000
 REFERENCE_STEP_SECONDS = 0.19 + 0.34 + 1.11
 PRETRAIN_LR = 1e-3
