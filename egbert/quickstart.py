@@ -223,9 +223,10 @@ def make_plan(args: argparse.Namespace, tokenizer, n_finetunes: int) -> Plan:
     precision = "bf16 autocast" if bf16 else f"fp32 (bf16 is slower than fp32 on this {device})"
     print(f"  timing a few training steps of each family in {precision}", flush=True)
     step_seconds = {f: seconds_per_step(f, args.preset, tokenizer, bf16) for f in MODEL_FAMILIES}
+    seconds_per_round = sum(step_seconds.values())  # one step of every family
     pretrain_seconds = args.budget_minutes * 60 * PRETRAIN_SHARE
-    steps = max(1, int(pretrain_seconds / sum(step_seconds.values())))
-    speed = REFERENCE_STEP_SECONDS / sum(step_seconds.values())
+    steps = max(1, int(pretrain_seconds / seconds_per_round))
+    speed = REFERENCE_STEP_SECONDS / seconds_per_round
     per_finetune = 6 / max(n_finetunes, 1)
     samples = args.max_train_samples or max(
         32, round(SAMPLES_PER_30_MINUTES * speed * args.budget_minutes / 30 * per_finetune)

@@ -1182,19 +1182,21 @@ def _reason(error: OSError) -> str:
 
 
 @functools.cache
-def matmul_gflops(device: str, dtype: torch.dtype, size: int = 256) -> float:
-    """GFLOP/s of one size x size matmul at `dtype` on `device`, best of three after a warm-up."""
+def matmul_gflops(device: str, dtype: torch.dtype, size: int = 256, repeats: int = 3) -> float:
+    """GFLOP/s of one size x size matmul at `dtype` on `device`: the best of `repeats` timed
+    calls after a warm-up one (which pays for allocations and kernel selection)."""
     matrix = torch.randn(size, size, device=device).to(dtype)
+    on_gpu = torch.device(device).type == "cuda"
+    torch.mm(matrix, matrix)
     best = math.inf
-    for repeat in range(4):
-        if device == "cuda":
-            torch.cuda.synchronize()
+    for _ in range(repeats):
+        if on_gpu:  # a timer read must count the GPU's queued work
+            torch.cuda.synchronize(device)
         start = time.perf_counter()
         torch.mm(matrix, matrix)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if repeat:  # the first call pays for allocations and kernel selection
-            best = min(best, time.perf_counter() - start)
+        if on_gpu:
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
     return 2 * size**3 / max(best, 1e-9) / 1e9
 
 
