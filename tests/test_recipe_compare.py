@@ -146,6 +146,21 @@ def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path,
         )
         assert finetuned["hidden_dropout_prob"] == 0.1
         assert finetuned.get("attention_probs_dropout_prob", 0.1) == 0.1
+        # elmo's classifier reads ELMo's layer mix over the tokens (its twin's too), gpt's cls.
+        head = ("scalar-mix", "mean") if family == "elmo" else ("cls", "cls")
+        for name in (family, f"{family}-scratch"):
+            config_file = finished_run / "finetune" / name / "rte" / "config.json"
+            config = json.loads(config_file.read_text())
+            assert (config["classifier_features"], config["classifier_pool"]) == head
+
+    # A fine-tuning made with another head is not reused as elmo's, and is left as it was.
+    bert_rte = finished_run / "finetune" / "egbert" / "rte"
+    results = (bert_rte / "eval_results.json").read_bytes()
+    with pytest.raises(recipe_compare.ConfigError, match="fine-tuned with"):
+        recipe_compare.finetune(
+            finished_run / "pretrain" / "elmo", "rte", bert_rte, micro_data / "glue", 24
+        )
+    assert (bert_rte / "eval_results.json").read_bytes() == results
 
 
 @pytest.mark.parametrize("name", list(recipe_compare.CANDIDATES))
