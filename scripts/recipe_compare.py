@@ -403,9 +403,10 @@ def finetune_head(model_dir: Path) -> dict[str, str]:
 
 
 def check_head(results: Path, head: dict[str, str]) -> None:
-    """Refuse to reuse a fine-tuning whose classifier read the model another way."""
-    options = json.loads(results.read_text(encoding="utf-8"))["options"]
-    used = {name: options[name] for name in head}
+    """Refuse to reuse a fine-tuning whose classifier read the model another way (one that
+    recorded no head used `egbert finetune`'s default, cls)."""
+    options = json.loads(results.read_text(encoding="utf-8")).get("options", {})
+    used = {name: options.get(name, "cls") for name in head}
     if used != head:
         raise ConfigError(
             f"{results.parent} was fine-tuned with {used}, the comparison now uses {head}; "
