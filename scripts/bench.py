@@ -1,6 +1,7 @@
 """Training speed and memory of egbert's models side by side with the transformers references.
 
-For each model family it builds egbert's model and its reference at the same size (bert vs
+For each model family it builds egbert's model and its reference at the same size (one of
+egbert's presets, `--preset`, mini by default; bert vs
 `BertForPreTraining` with MLM+NSP, gpt vs `GPT2LMHeadModel`, elmo vs a plain two-`nn.LSTM`
 bidirectional LM), feeds both the same random batches, and times full AdamW training steps,
 alternating egbert and reference step by step in one process so that a ratio holds on a noisy
@@ -23,6 +24,7 @@ in tokens/s next to training's, so a reader sees whether data could ever starve 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -41,6 +43,7 @@ from datasets import Dataset
 from torch import nn
 from transformers import BertConfig, BertForPreTraining, GPT2Config, GPT2LMHeadModel
 
+from egbert.config import available_presets, load_preset
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
@@ -53,14 +56,38 @@ from egbert.pretrain.data import (
     tokenize_documents,
 )
 from egbert.tokenizer import load_tokenizer, train_tokenizer
-from egbert.trainer import bf16_pays_off, matmul_gflops
+from egbert.trainer import adamw, bf16_pays_off, matmul_gflops
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
-# The mini preset: L4 H256 A4 FFN1024; ELMo at a comparable size (2 layers, 256 proj, 1024 cell).
-LAYERS, HIDDEN, HEADS, FFN = 4, 256, 4, 1024
-ELMO_LAYERS, ELMO_CELL = 2, 1024
 MLM_PROBABILITY = 0.15
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The shapes of one of egbert's presets: bert's (gpt's presets have the same) and ELMo's."""
+
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int
+    elmo_layers: int
+    elmo_hidden: int
+    elmo_cell: int
+
+
+def preset_sizes(preset: str) -> Sizes:
+    """Sizes read from egbert/configs, so the bench times what `--preset` trains."""
+    bert, elmo = load_preset("bert", preset), load_preset("elmo", preset)
+    return Sizes(
+        layers=bert["num_hidden_layers"],
+        hidden=bert["hidden_size"],
+        heads=bert["num_attention_heads"],
+        ffn=bert["intermediate_size"],
+        elmo_layers=elmo["num_hidden_layers"],
+        elmo_hidden=elmo["hidden_size"],
+        elmo_cell=elmo["cell_size"],
+    )
 
 
 @dataclass
@@ -82,9 +109,10 @@ def transformer_flops(model: nn.Module, tokens: int, predicted: int, vocab: int,
     """Model FLOPs of one training step (forward + backward = 3x forward, as nanoGPT/PaLM count):
     the dense weights, the attention scores and values, and the output softmax only at the
     positions the objective predicts (the same count for egbert and the reference)."""
+    config = model.config
     dense = 6 * count_params(model) * tokens
-    attention = 12 * LAYERS * HIDDEN * seq * tokens
-    softmax = 6 * vocab * HIDDEN * predicted
+    attention = 12 * config.num_hidden_layers * config.hidden_size * seq * tokens
+    softmax = 6 * vocab * config.hidden_size * predicted
     return float(dense + attention + softmax)
 
 
@@ -92,21 +120,21 @@ def random_batch(vocab: int, batch: int, seq: int, generator: torch.Generator) -
     return torch.randint(5, vocab, (batch, seq), generator=generator)
 
 
-def bert_workload(vocab: int, batch: int, seq: int, sparse: bool) -> Workload:
+def bert_workload(sizes: Sizes, vocab: int, batch: int, seq: int, sparse: bool) -> Workload:
     generator = torch.Generator().manual_seed(0)
     input_ids = random_batch(vocab, batch, seq, generator)
     masked = torch.rand(batch, seq, generator=generator) < MLM_PROBABILITY
     labels = torch.where(masked, input_ids, -100)
-    sizes = dict(
+    shape = dict(
         vocab_size=vocab,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=FFN,
+        hidden_size=sizes.hidden,
+        num_hidden_layers=sizes.layers,
+        num_attention_heads=sizes.heads,
+        intermediate_size=sizes.ffn,
         max_position_embeddings=max(512, seq),
     )
-    egbert = EgbertBertForPreTraining(EgbertBertConfig(**sizes, sparse_mlm_logits=sparse))
-    reference = BertForPreTraining(BertConfig(**sizes))
+    egbert = EgbertBertForPreTraining(EgbertBertConfig(**shape, sparse_mlm_logits=sparse))
+    reference = BertForPreTraining(BertConfig(**shape))
     token_type_ids = torch.zeros_like(input_ids)
     token_type_ids[:, seq // 2 :] = 1
     inputs = {
@@ -120,25 +148,25 @@ def bert_workload(vocab: int, batch: int, seq: int, sparse: bool) -> Workload:
     return Workload(egbert, reference, inputs, flops)
 
 
-def gpt_workload(vocab: int, batch: int, seq: int) -> Workload:
+def gpt_workload(sizes: Sizes, vocab: int, batch: int, seq: int) -> Workload:
     input_ids = random_batch(vocab, batch, seq, torch.Generator().manual_seed(0))
     egbert = EgbertGPTForCausalLM(
         EgbertGPTConfig(
             vocab_size=vocab,
-            hidden_size=HIDDEN,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            intermediate_size=FFN,
+            hidden_size=sizes.hidden,
+            num_hidden_layers=sizes.layers,
+            num_attention_heads=sizes.heads,
+            intermediate_size=sizes.ffn,
             max_position_embeddings=max(512, seq),
         )
     )
     reference = GPT2LMHeadModel(
         GPT2Config(
             vocab_size=vocab,
-            n_embd=HIDDEN,
-            n_layer=LAYERS,
-            n_head=HEADS,
-            n_inner=FFN,
+            n_embd=sizes.hidden,
+            n_layer=sizes.layers,
+            n_head=sizes.heads,
+            n_inner=sizes.ffn,
             n_positions=max(512, seq),
         )
     )
@@ -176,37 +204,36 @@ class PlainBiLSTMLM(nn.Module):
         return SimpleNamespace(loss=loss)
 
 
-def elmo_workload(vocab: int, batch: int, seq: int) -> Workload:
+def elmo_workload(sizes: Sizes, vocab: int, batch: int, seq: int) -> Workload:
     input_ids = random_batch(vocab, batch, seq, torch.Generator().manual_seed(0))
     egbert = EgbertElmoForBidirectionalLM(
         EgbertElmoConfig(
             vocab_size=vocab,
-            hidden_size=HIDDEN,
-            cell_size=ELMO_CELL,
-            num_hidden_layers=ELMO_LAYERS,
+            hidden_size=sizes.elmo_hidden,
+            cell_size=sizes.elmo_cell,
+            num_hidden_layers=sizes.elmo_layers,
         )
     )
-    reference = PlainBiLSTMLM(vocab, HIDDEN, ELMO_CELL, ELMO_LAYERS)
+    reference = PlainBiLSTMLM(vocab, sizes.elmo_hidden, sizes.elmo_cell, sizes.elmo_layers)
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     inputs["labels"] = input_ids
     tokens = batch * seq
-    flops = 6.0 * count_params(reference) * tokens + 2 * 6.0 * vocab * HIDDEN * tokens
+    flops = 6.0 * count_params(reference) * tokens + 2 * 6.0 * vocab * sizes.elmo_hidden * tokens
     return Workload(egbert, reference, inputs, flops)
 
 
-def workloads(
-    model: str, vocab: int, batch: int, seq: int
-) -> list[tuple[str, Callable[[], Workload]]]:
-    """(row name, builder) of each workload of `model` ("all": every family), in table order."""
+def workloads(args: argparse.Namespace) -> list[tuple[str, Callable[[], Workload]]]:
+    """(row name, builder) of each workload of --model ("all": every family), in table order."""
+    shape = (preset_sizes(args.preset), args.vocab_size, args.batch_size, args.seq_len)
     builders = {
         "bert": [
-            ("bert (sparse MLM)", lambda: bert_workload(vocab, batch, seq, sparse=True)),
-            ("bert (dense MLM)", lambda: bert_workload(vocab, batch, seq, sparse=False)),
+            ("bert (sparse MLM)", lambda: bert_workload(*shape, sparse=True)),
+            ("bert (dense MLM)", lambda: bert_workload(*shape, sparse=False)),
         ],
-        "gpt": [("gpt", lambda: gpt_workload(vocab, batch, seq))],
-        "elmo": [("elmo", lambda: elmo_workload(vocab, batch, seq))],
+        "gpt": [("gpt", lambda: gpt_workload(*shape))],
+        "elmo": [("elmo", lambda: elmo_workload(*shape))],
     }
-    families = list(builders) if model == "all" else [model]
+    families = list(builders) if args.model == "all" else [args.model]
     return [named for family in families for named in builders[family]]
 
 
@@ -248,7 +275,8 @@ def on_device(work: Workload, device: torch.device) -> Workload:
 
 def prepare(model: nn.Module, compile_model: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # the optimizer egbert's trainer builds (fused where torch has the kernel), for both sides
+    optimizer = adamw(model.parameters(), next(model.parameters()).device, lr=1e-4)
     return (torch.compile(model) if compile_model else model), optimizer
 
 
@@ -285,7 +313,7 @@ def timing_row(
     args: argparse.Namespace, index: int, precision: str, compile_model: bool, peak: float
 ) -> dict:
     """One table row, timed in this process (peak RSS is filled in by the caller)."""
-    name, build = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)[index]
+    name, build = workloads(args)[index]
     work = on_device(build(), torch.device(args.device))
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     times = time_pair(work, dtype, compile_model, args.warmup, args.steps)
@@ -337,12 +365,17 @@ def compiled_row(args: argparse.Namespace, index: int, precision: str, peak: flo
     except subprocess.TimeoutExpired:
         note = f"torch.compile: no result within {args.compile_timeout} s"
     except subprocess.CalledProcessError as error:
-        lines = error.stderr.strip().splitlines() or [f"exit status {error.returncode}"]
-        note = f"torch.compile failed: {lines[-1][:160]}"
-    name = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)[index][0]
+        note = f"torch.compile failed: {last_error_line(error)}"
+    name = workloads(args)[index][0]
     numbers = [*ROW_NUMBERS, f"egbert_{memory_key(args)}", f"reference_{memory_key(args)}"]
     row = dict.fromkeys(numbers, float("nan"))
     return {"model": name, "precision": precision, "compile": True, **row, "note": note}
+
+
+def last_error_line(error: subprocess.CalledProcessError) -> str:
+    """The line a failed child process ended its stderr with (its exception), shortened."""
+    lines = error.stderr.strip().splitlines() or [f"exit status {error.returncode}"]
+    return lines[-1][:160]
 
 
 ROW_NUMBERS = (
@@ -368,6 +401,8 @@ def _child_command(args: argparse.Namespace) -> list[str]:
         __file__,
         "--model",
         args.model,
+        "--preset",
+        args.preset,
         "--batch-size",
         str(args.batch_size),
         "--seq-len",
@@ -386,6 +421,15 @@ def peak_memory_mb(args: argparse.Namespace, index: int, side: str, precision: s
     return float(result.stdout.strip().splitlines()[-1])
 
 
+def release_cached_memory(device: torch.device) -> None:
+    """Give the GPU memory that this process's allocator still caches from the timed models back
+    to the driver: a memory run in a child process beside 42 GiB of it ran out of memory (gpt at
+    the base preset, batch 256, on an 80 GiB H100)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def peak_rss_of_this_process_mb() -> float:
     # VmHWM, not ru_maxrss: on Linux a child's ru_maxrss starts at its parent's RSS at fork time.
     with open("/proc/self/status") as status:
@@ -395,7 +439,7 @@ def peak_rss_of_this_process_mb() -> float:
 
 def measure_memory_alone(args: argparse.Namespace) -> None:
     index, side, precision = args.memory_of.split(":")
-    _, build = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)[int(index)]
+    _, build = workloads(args)[int(index)]
     work = build()
     device = torch.device(args.device)
     model = (work.egbert if side == "egbert" else work.reference).to(device)
@@ -540,6 +584,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    parser.add_argument(
+        "--preset",
+        choices=available_presets("bert"),
+        default="mini",
+        help="model sizes, from egbert/configs (default: mini, L4 H256 A4 FFN1024; base: L12 H768)",
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--vocab-size", type=int, default=30522)
@@ -606,7 +656,7 @@ def main() -> None:
     )
     memory = memory_key(args)
     rows = []
-    named = workloads(args.model, args.vocab_size, args.batch_size, args.seq_len)
+    named = workloads(args)
     for index in range(len(named)):
         for precision in precisions:
             for compile_model in compile_modes:
@@ -615,8 +665,15 @@ def main() -> None:
                 else:
                     row = timing_row(args, index, precision, False, peaks[precision])
                     if not args.no_memory:
+                        release_cached_memory(device)
                         for side in ("egbert", "reference"):
-                            row[f"{side}_{memory}"] = peak_memory_mb(args, index, side, precision)
+                            try:
+                                row[f"{side}_{memory}"] = peak_memory_mb(
+                                    args, index, side, precision
+                                )
+                            except subprocess.CalledProcessError as error:
+                                failed = f"{side} memory run failed: {last_error_line(error)}"
+                                row["note"] = "; ".join(filter(None, [row["note"], failed]))
                 rows.append(row)
                 print(markdown_table([row], memory).splitlines()[-1], flush=True)
     print()

@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 
 from egbert.errors import ConfigError
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM, EgbertGPTModel
-from egbert.models.layers import linear_cross_entropy
+from egbert.models.layers import default_chunk_rows, linear_cross_entropy
 
 CONFIGS = Path(__file__).resolve().parents[1] / "egbert" / "configs"
 
@@ -267,3 +267,11 @@ def test_linear_cross_entropy_matches_linear_then_cross_entropy(chunk_rows: int)
     for chunked_grad, tensor in zip(chunked_grads, (hidden, weight, bias), strict=True):
         torch.testing.assert_close(chunked_grad, tensor.grad)
     assert torch.isnan(linear_cross_entropy(hidden, weight, torch.full((2, 9), -100)))
+
+
+def test_linear_cross_entropy_chunks_are_cache_sized_on_cpu_and_memory_bounded_on_gpu() -> None:
+    assert default_chunk_rows(torch.device("cpu"), 30522) == 256
+    gpu_rows = default_chunk_rows(torch.device("cuda"), 30522)
+    assert gpu_rows > 4096  # a mini gpt's whole 32 x 128 batch in one chunk: few launches
+    assert gpu_rows * 30522 <= 2**27  # but never more than 512 MiB of float32 logits
+    assert default_chunk_rows(torch.device("cuda"), 10**6) == 256
