@@ -274,9 +274,9 @@ def linear_cross_entropy(
     them in float32, the log-softmax, its gradient and their copies cost as much time as the
     transformer itself. Here rows whose target is -100 are dropped first, and the rest go through
     the head `chunk_rows` at a time (default: `default_chunk_rows`): each chunk's logits are
-    turned into its loss and, while they
-    are still in cache, into the gradients of hidden, weight and bias (softmax minus the smoothed
-    one-hot, times the head). backward() only scales those by the incoming gradient. The matmuls
+    turned into its loss and, while they are still in cache, into the gradients of hidden, weight
+    and bias (softmax minus the smoothed one-hot, times the head). backward() only scales those by
+    the incoming gradient. The matmuls
     run in the autocast dtype and the softmax in float32, as the dense F.linear + F.cross_entropy
     would under autocast. The gradients are computed in the forward pass, so call it only when a
     backward will follow (use the dense path under torch.no_grad).
@@ -287,7 +287,8 @@ def linear_cross_entropy(
     device = hidden.device.type
     autocast = torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if autocast else weight.dtype
-    chunk_rows = chunk_rows or default_chunk_rows(hidden.device, weight.shape[0])
+    if chunk_rows is None:
+        chunk_rows = default_chunk_rows(hidden.device, weight.shape[0])
     return _LinearCrossEntropy.apply(
         hidden[kept], weight, bias, targets[kept], dtype, label_smoothing, chunk_rows
     )
