@@ -168,6 +168,9 @@ def gpt_workload(sizes: Sizes, vocab: int, batch: int, seq: int) -> Workload:
             n_head=sizes.heads,
             n_inner=sizes.ffn,
             n_positions=max(512, seq),
+            # GPT-2's end-of-text id (50256) is outside this vocabulary; use the last id.
+            bos_token_id=vocab - 1,
+            eos_token_id=vocab - 1,
         )
     )
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}

@@ -55,7 +55,11 @@ LEARNING_RATE = 1e-3
 WEIGHT_DECAY = 0.01
 WARMUP = 0.06  # transformers 5 dropped warmup_ratio: a float warmup_steps < 1 is the ratio
 MLM_PROBABILITY = 0.15
-PROBE_STEPS = 5  # timed steps, after one untimed step that pays for allocations
+# The probe times PROBE_STEPS steps after PROBE_WARMUP untimed ones (allocations, the
+# dataloader's start) and takes the median: a mean of 5 once ran 20% slow, so the schedule's
+# decay ended at 21 of 25 minutes.
+PROBE_WARMUP = 2
+PROBE_STEPS = 10
 
 
 # ---------------------------------------------------------------- data
@@ -181,12 +185,17 @@ class LossCurveWriter(TrainerCallback):
 def seconds_per_step(
     model, blocks: Dataset, collator, output_dir: Path, seed: int, bf16: bool
 ) -> float:
-    """Mean time of a Trainer step, measured on a copy of the model (the real run starts from
-    the untouched initial weights)."""
+    """Median time of a Trainer step, measured on a copy of the model (the real run starts
+    from the untouched initial weights)."""
     timer = StepTimer()
     with tempfile.TemporaryDirectory(dir=output_dir) as scratch:
         args = training_arguments(
-            Path(scratch), PROBE_STEPS + 1, seed, bf16, disable_tqdm=True, logging_strategy="no"
+            Path(scratch),
+            PROBE_WARMUP + PROBE_STEPS,
+            seed,
+            bf16,
+            disable_tqdm=True,
+            logging_strategy="no",
         )
         probe = Trainer(
             model=copy.deepcopy(model),
@@ -197,7 +206,8 @@ def seconds_per_step(
         )
         probe.remove_callback(PrinterCallback)  # its end-of-run summary is not the run's
         probe.train()
-    return statistics.mean(b - a for a, b in pairwise(timer.ends))
+    timed = timer.ends[PROBE_WARMUP - 1 :]
+    return statistics.median(b - a for a, b in pairwise(timed))
 
 
 def save_final(model, tokenizer, output_dir: Path) -> None:
