@@ -109,11 +109,21 @@ def test_kv_cache_matches_a_full_forward() -> None:
     ids = random_ids(length=12)
     full = model(ids, use_cache=False).logits
     prefix = model(ids[:, :8], use_cache=True)
-    rest = model(ids[:, 8:], past_key_values=prefix.past_key_values, use_cache=True)
+    rest = model(ids[:, 8:], cache=prefix.cache, use_cache=True)
     torch.testing.assert_close(rest.logits, full[:, 8:], atol=1e-5, rtol=0)
     step = model(ids[:, :11], use_cache=True)
-    last = model(ids[:, 11:], past_key_values=step.past_key_values, use_cache=True)
+    last = model(ids[:, 11:], cache=step.cache, use_cache=True)
     torch.testing.assert_close(last.logits[:, 0], full[:, 11], atol=1e-5, rtol=0)
+
+
+def test_the_pre_5_24_cache_name_still_works() -> None:
+    model = tiny_model()
+    ids = random_ids(length=12)
+    full = model(ids, use_cache=False).logits
+    prefix = model(ids[:, :8], use_cache=True)
+    with pytest.warns(FutureWarning, match="past_key_values"):
+        rest = model(ids[:, 8:], past_key_values=prefix.cache, use_cache=True)
+    torch.testing.assert_close(rest.logits, full[:, 8:], atol=1e-5, rtol=0)
 
 
 def test_greedy_generate_with_cache_equals_a_loop_without() -> None:

@@ -23,6 +23,7 @@ from transformers import (
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils.deprecation import deprecate_kwarg
 
 from egbert.models.layers import (
     Embeddings,
@@ -117,12 +118,14 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings.word_embeddings = value
 
+    # transformers 5.24 renamed past_key_values to cache; callers of the old name still work
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         use_cache: bool | None = None,
         token_type_ids: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
@@ -135,9 +138,9 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
         output_attentions = _default(output_attentions, self.config.output_attentions)
         # a cache is only worth building when decoding, not for a training step
         use_cache = _default(use_cache, self.config.use_cache and not self.training)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        past_length = cache.get_seq_length() if cache is not None else 0
         length = input_ids.shape[1]
         check_sequence_length(past_length + length, self.config.max_position_embeddings)
         if position_ids is None:
@@ -152,7 +155,7 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
             hidden, weights = layer(
                 hidden,
                 mask,
-                past_key_values=past_key_values if use_cache else None,
+                cache=cache if use_cache else None,
                 output_attentions=output_attentions,
             )
             all_hidden += (hidden,)
@@ -162,7 +165,7 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
         all_hidden = all_hidden[:-1] + (hidden,)
         output = BaseModelOutputWithPast(
             last_hidden_state=hidden,
-            past_key_values=past_key_values if use_cache else None,
+            cache=cache if use_cache else None,
             hidden_states=all_hidden if output_hidden_states else None,
             attentions=all_attentions if output_attentions else None,
         )
@@ -186,12 +189,13 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         use_cache: bool | None = None,
         labels: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
@@ -208,7 +212,7 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
             input_ids,
             attention_mask,
             position_ids,
-            past_key_values,
+            cache,
             use_cache,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
@@ -239,7 +243,7 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=decoded.past_key_values,
+            cache=decoded.cache,
             hidden_states=decoded.hidden_states,
             attentions=decoded.attentions,
         )

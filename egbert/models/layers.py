@@ -145,14 +145,14 @@ class SelfAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length, hidden = hidden_states.shape
         qkv = self.qkv(hidden_states).view(batch, length, 3, self.num_heads, self.head_dim)
         query, key, value = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)  # (.., past+seq, ..)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)  # (.., past+seq, ..)
         dropout = self.dropout if self.training else 0.0
         # SDPA's is_causal aligns the mask top-left, which is only right without cached keys
         is_causal = self.is_causal and attention_mask is None and key.shape[2] == length
@@ -236,14 +236,14 @@ class TransformerBlock(GradientCheckpointingLayer):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.pre_layernorm:
             attended, weights = self.attention(
                 self.attention_norm(hidden_states),
                 attention_mask,
-                past_key_values,
+                cache,
                 output_attentions,
             )
             hidden_states = hidden_states + self.dropout(attended)
@@ -251,7 +251,7 @@ class TransformerBlock(GradientCheckpointingLayer):
             hidden_states = hidden_states + self.dropout(fed)
         else:
             attended, weights = self.attention(
-                hidden_states, attention_mask, past_key_values, output_attentions
+                hidden_states, attention_mask, cache, output_attentions
             )
             hidden_states = self.attention_norm(hidden_states + self.dropout(attended))
             fed = self.feed_forward(hidden_states)
