@@ -3,6 +3,8 @@ features computed by hand, frozen backbones, regression, pretrained weights and 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -164,6 +166,59 @@ def test_scalar_mix_weights_layers_by_softmax_times_gamma(family):
         weights = torch.tensor([0.0, 1.0, 2.0, 3.0]).softmax(0)
         mixed = 2.5 * sum(w * p for w, p in zip(weights, pooled, strict=True))
         torch.testing.assert_close(model(input_ids, attention_mask).logits, model.classifier(mixed))
+
+
+def standardized(features: torch.Tensor) -> torch.Tensor:
+    centered = features - features.mean(dim=-1, keepdim=True)
+    return centered / centered.pow(2).mean(dim=-1, keepdim=True).sqrt()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("features", ["scalar-mix", "last4-sum", "cls"])
+def test_layer_norm_standardizes_each_pooled_layer_before_combining(family, features):
+    model = tiny_classifier(
+        family, classifier_features=features, classifier_pool="mean", classifier_layer_norm=True
+    )
+    input_ids, attention_mask = padded_batch()
+    with torch.no_grad():
+        out = model.base_model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        pooled = [
+            standardized(pooled_by_hand(family, "mean", states, [7, 4]))
+            for states in out.hidden_states
+        ]
+        if features == "scalar-mix":
+            expected = torch.stack(pooled).mean(dim=0)
+        elif features == "last4-sum":
+            expected = sum(pooled[-4:])
+        elif family == "bert":
+            expected = standardized(out.pooler_output)
+        else:
+            expected = standardized(pooled_by_hand(family, "cls", out.last_hidden_state, [7, 4]))
+        torch.testing.assert_close(
+            model(input_ids, attention_mask).logits, model.classifier(expected)
+        )
+
+
+@pytest.mark.parametrize("layer_norm", [True, False])
+def test_layer_norm_makes_the_mix_blind_to_a_layers_scale(layer_norm):
+    """ELMo's reason for it: a biLM layer far larger than the others no longer drowns them."""
+    model = tiny_classifier(
+        "elmo",
+        classifier_features="scalar-mix",
+        classifier_pool="mean",
+        classifier_layer_norm=layer_norm,
+    )
+    input_ids, attention_mask = padded_batch()
+    with torch.no_grad():
+        states = model.base_model(
+            input_ids, attention_mask=attention_mask, output_hidden_states=True
+        ).hidden_states
+        scaled = (states[0], 100.0 * states[1], *states[2:])
+        features = model.sentence_features(SimpleNamespace(hidden_states=states), attention_mask)
+        features_scaled = model.sentence_features(
+            SimpleNamespace(hidden_states=scaled), attention_mask
+        )
+    assert torch.allclose(features, features_scaled, atol=1e-4) == layer_norm
 
 
 def test_last4_uses_every_entry_when_the_model_has_fewer():

@@ -146,12 +146,18 @@ def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path,
         )
         assert finetuned["hidden_dropout_prob"] == 0.1
         assert finetuned.get("attention_probs_dropout_prob", 0.1) == 0.1
-        # elmo's classifier reads ELMo's layer mix over the tokens (its twin's too), gpt's cls.
-        head = ("scalar-mix", "mean") if family == "elmo" else ("cls", "cls")
+        # elmo's classifier reads ELMo's layer mix over the tokens, each layer normalized, at
+        # lr 1e-3 (its twin's too); gpt's reads cls at bert's lr 1e-4.
+        if family == "elmo":
+            head, lr = ("scalar-mix", "mean", True), 1e-3
+        else:
+            head, lr = ("cls", "cls", False), 1e-4
         for name in (family, f"{family}-scratch"):
-            config_file = finished_run / "finetune" / name / "rte" / "config.json"
-            config = json.loads(config_file.read_text())
-            assert (config["classifier_features"], config["classifier_pool"]) == head
+            run_dir = finished_run / "finetune" / name / "rte"
+            config = json.loads((run_dir / "config.json").read_text())
+            fields = ("classifier_features", "classifier_pool", "classifier_layer_norm")
+            assert tuple(config.get(field, False) for field in fields) == head
+            assert json.loads((run_dir / "eval_results.json").read_text())["options"]["lr"] == lr
 
     # A fine-tuning made with another head is not reused as elmo's, and is left as it was.
     bert_rte = finished_run / "finetune" / "egbert" / "rte"

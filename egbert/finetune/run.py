@@ -158,6 +158,12 @@ OUTPUT_DIR gets the best model with its tokenizer, eval_results.json, prediction
         "the summary position or the mean over tokens (default: %(default)s)",
     )
     model.add_argument(
+        "--layer-norm",
+        action="store_true",
+        help="normalize each pooled layer (zero mean, unit variance) before the layers are "
+        "combined, ELMo's option for layers of very different scales",
+    )
+    model.add_argument(
         "--freeze", action="store_true", help="feature-based: train only the classifier head"
     )
     model.add_argument(
@@ -313,6 +319,7 @@ def _classifier_from(model_dir: Path, task: Task, args: argparse.Namespace) -> P
     apply_config_overrides(config, args.config_overrides)
     config.classifier_features = args.features
     config.classifier_pool = args.pool
+    config.classifier_layer_norm = args.layer_norm
     config.freeze_backbone = args.freeze
     # A classifier fine-tuned for another label set gets a new head of the right size.
     return load_pretrained(
@@ -562,7 +569,8 @@ def training_arguments(args: argparse.Namespace, output_dir: Path) -> TrainingAr
 
 
 def _head_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"features": args.features, "pool": args.pool, "freeze": args.freeze}
+    names = ("features", "pool", "layer_norm", "freeze")
+    return {name: getattr(args, name) for name in names}
 
 
 def _training_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,6 +10,8 @@ The head's options are plain config attributes (defaults in `HEAD_DEFAULTS`):
   has fewer), or "scalar-mix" (ELMo's softmax-weighted sum of every entry, times a learned gamma).
 - `classifier_pool`: how the layer features turn tokens into one vector: "cls" (the family's
   summary position, as above) or "mean" (the mean over real tokens).
+- `classifier_layer_norm`: bring each pooled layer to zero mean and unit variance (no learned
+  scale) before the layers are combined, ELMo's option for biLM layers of very different scales.
 - `freeze_backbone`: feature-based training; the backbone gets no gradient and no dropout.
 - `classifier_dropout`: dropout before the output layer (None: the backbone's hidden dropout).
 
@@ -40,6 +42,7 @@ from egbert.models.gpt import EgbertGPTConfig, EgbertGPTModel
 HEAD_DEFAULTS: dict[str, Any] = {
     "classifier_features": "cls",
     "classifier_pool": "cls",
+    "classifier_layer_norm": False,
     "freeze_backbone": False,
     "classifier_dropout": None,
 }
@@ -149,6 +152,7 @@ class EgbertSequenceClassifier(PreTrainedModel):
         super().__init__(config)
         self.features = checked_choice(config, "classifier_features", CLASSIFIER_FEATURES)
         self.pool = checked_choice(config, "classifier_pool", CLASSIFIER_POOLS)
+        self.layer_norm = bool(head_option(config, "classifier_layer_norm"))
         self.freeze_backbone = bool(head_option(config, "freeze_backbone"))
         setattr(self, self.base_model_prefix, self.backbone_class(config))
 
@@ -230,21 +234,31 @@ class EgbertSequenceClassifier(PreTrainedModel):
     def sentence_features(self, outputs: Any, attention_mask: torch.Tensor) -> torch.Tensor:
         """The backbone outputs -> (batch, feature_size), as `classifier_features` says."""
         if self.features == "cls":
-            return self.cls_features(outputs, attention_mask)
+            return self.normalized(self.cls_features(outputs, attention_mask))
         # Pooling is linear, so pooling each layer first equals pooling the mixed layers,
         # and keeps ELMo's forward and backward halves apart for its summary pool.
         pool = masked_mean if self.pool == "mean" else self.summary_pool
         if self.features == "scalar-mix":
-            layers = torch.stack([pool(states, attention_mask) for states in outputs.hidden_states])
-            return self.scalar_mix(layers)
+            layers = [
+                self.normalized(pool(states, attention_mask)) for states in outputs.hidden_states
+            ]
+            return self.scalar_mix(torch.stack(layers))
         top_first = outputs.hidden_states[::-1][: self.num_last_layers]
-        pooled = [pool(states, attention_mask) for states in top_first]
+        pooled = [self.normalized(pool(states, attention_mask)) for states in top_first]
         if self.features == "last4-concat":
             return torch.cat(pooled, dim=-1)
         return torch.stack(pooled).sum(dim=0)
 
     def cls_features(self, outputs: Any, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.summary_pool(outputs.last_hidden_state, attention_mask)
+
+    def normalized(self, features: torch.Tensor) -> torch.Tensor:
+        """(batch, dim) features at zero mean and unit variance over dim when
+        `classifier_layer_norm` is on (unchanged otherwise)."""
+        if not self.layer_norm:
+            return features
+        # An untrained biLM's states are tiny (variance ~1e-6), below LayerNorm's usual eps.
+        return F.layer_norm(features, features.shape[-1:], eps=1e-12)
 
 
 class EgbertBertForSequenceClassification(EgbertSequenceClassifier):
