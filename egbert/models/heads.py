@@ -238,13 +238,12 @@ class EgbertSequenceClassifier(PreTrainedModel):
         # Pooling is linear, so pooling each layer first equals pooling the mixed layers,
         # and keeps ELMo's forward and backward halves apart for its summary pool.
         pool = masked_mean if self.pool == "mean" else self.summary_pool
+        layers = outputs.hidden_states
+        if self.features != "scalar-mix":
+            layers = layers[::-1][: self.num_last_layers]  # top first
+        pooled = [self.normalized(pool(states, attention_mask)) for states in layers]
         if self.features == "scalar-mix":
-            layers = [
-                self.normalized(pool(states, attention_mask)) for states in outputs.hidden_states
-            ]
-            return self.scalar_mix(torch.stack(layers))
-        top_first = outputs.hidden_states[::-1][: self.num_last_layers]
-        pooled = [self.normalized(pool(states, attention_mask)) for states in top_first]
+            return self.scalar_mix(torch.stack(pooled))
         if self.features == "last4-concat":
             return torch.cat(pooled, dim=-1)
         return torch.stack(pooled).sum(dim=0)
