@@ -96,7 +96,8 @@ def test_the_table_has_a_finite_number_for_every_model_and_task(finished_run: Pa
     # Both recipes and the fine-tuning use bf16 only where it is faster than fp32 here.
     bf16 = bool(recipe_compare.precision_flags())
     assert json.loads((stock / "recipe.json").read_text())["bf16"] == bf16
-    assert ("--bf16" in report["egbert_recipe"]) == bf16 == ("--bf16" in report["family_recipe"])
+    assert ("--bf16" in report["egbert_recipe"]) == bf16
+    assert all(("--bf16" in recipe) == bf16 for recipe in report["family_recipe"].values())
 
 
 def test_a_rerun_reuses_every_finished_step(
@@ -140,6 +141,10 @@ def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path,
         assert (pretrained / "model.safetensors").read_bytes() != (
             twin / "model.safetensors"
         ).read_bytes()
+        # Each family pretrains with its own recipe (elmo on shorter blocks than gpt).
+        pretrain_args = json.loads((pretrained / "pretrain_args.json").read_text())["pretrain"]
+        recipe = recipe_compare.recipe_arguments("tiny", family=family)[0]
+        assert pretrain_args["seq_len"] == recipe.seq_len
         # The same fine-tuning as bert's: dropout 0.1 on whichever dropout the family has.
         finetuned = json.loads(
             (finished_run / "finetune" / family / "rte" / "config.json").read_text()
@@ -167,6 +172,20 @@ def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path,
             finished_run / "pretrain" / "elmo", "rte", bert_rte, micro_data / "glue", 24
         )
     assert (bert_rte / "eval_results.json").read_bytes() == results
+
+
+def test_a_folder_made_with_another_family_recipe_is_refused_and_kept(tmp_path: Path):
+    """Folders written before elmo's recipe changed hold elmo runs made with the old one."""
+    options = {"preset": "mini", "family_recipe": recipe_compare.family_recipes()}
+    recipe_compare.check_options(tmp_path, options)
+    saved = tmp_path / "options.json"
+    older = json.loads(saved.read_text())
+    elmo = older["family_recipe"]["elmo"]
+    elmo[elmo.index("--seq-len") + 1] = "999"
+    saved.write_text(json.dumps(older))
+    with pytest.raises(recipe_compare.ConfigError, match="holds runs made with other options"):
+        recipe_compare.check_options(tmp_path, options)
+    assert json.loads(saved.read_text()) == older
 
 
 @pytest.mark.parametrize("name", list(recipe_compare.CANDIDATES))
