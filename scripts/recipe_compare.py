@@ -82,16 +82,10 @@ EGBERT_MODEL = {
     "attention_probs_dropout_prob": 0.0,
 }
 # gpt and elmo (--families): `egbert pretrain --model F --preset P --budget-minutes M` with the
-# family's defaults; only the corpus reading, the precision, the block length and the budget's
-# warmup are set. elmo reads blocks of 64 tokens: its LSTMs cost about the same per token at
-# either length, so in fp32 it makes 640 updates in 25 minutes instead of 341, ends at a lower
-# LM loss (5.41 against 5.83) and averages 48.5 on the five tasks against 47.7 (its twin 48.2;
-# README).
+# family's defaults (elmo's FAMILY_DEFAULTS in egbert.pretrain.run: lr, dropout, 64-token blocks);
+# only the corpus reading, the precision and the budget's warmup are set.
 FAMILIES = ("gpt", "elmo")
-FAMILY_RECIPE = {
-    "gpt": [*CORPUS, "--seq-len", "128", "--warmup-steps", "0.06"],
-    "elmo": [*CORPUS, "--seq-len", "64", "--warmup-steps", "0.06"],
-}
+FAMILY_RECIPE = [*CORPUS, "--warmup-steps", "0.06"]
 
 # The same fine-tuning for every model (SST-2, 67k examples, gets one epoch instead of three);
 # dev scores are all the tables need, so no test-set prediction files.
@@ -228,13 +222,8 @@ def recipe_arguments(
 def recipe_options(family: str = "bert") -> list[str]:
     """bert: EGBERT_RECIPE with EGBERT_MODEL as --config-overrides; gpt, elmo: FAMILY_RECIPE;
     then the precision."""
-    options = [*EGBERT_RECIPE, *model_overrides()] if family == "bert" else FAMILY_RECIPE[family]
+    options = [*EGBERT_RECIPE, *model_overrides()] if family == "bert" else FAMILY_RECIPE
     return [*options, *precision_flags()]
-
-
-def family_recipes() -> dict[str, list[str]]:
-    """Each family's options as recorded in options.json and results.json."""
-    return {family: recipe_options(family) for family in FAMILIES}
 
 
 @functools.cache
@@ -599,7 +588,7 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
             "vocab_size": args.vocab_size,
             "max_train_samples": args.max_train_samples,
             "egbert_recipe": recipe_options(),
-            "family_recipe": family_recipes(),
+            "family_recipe": recipe_options("gpt"),
         },
     )
     print(f"[1/4] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
@@ -633,7 +622,7 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         "budget_minutes": args.budget_minutes,
         "tasks": tasks,
         "egbert_recipe": recipe_options(),
-        "family_recipe": family_recipes(),
+        "family_recipe": recipe_options("gpt"),
         "scores": scores,
         "averages": averages,
         "pretraining": pretraining,

@@ -186,6 +186,8 @@ def test_family_defaults_sit_under_the_config_file_and_the_command_line(tmp_path
     assert bert_training.lr == TrainingArguments.lr and bert_args.config_overrides is None
     assert elmo_training.lr == FAMILY_DEFAULTS["elmo"]["lr"] != TrainingArguments.lr
     assert elmo_args.config_overrides == FAMILY_DEFAULTS["elmo"]["config_overrides"]
+    assert elmo_args.seq_len == FAMILY_DEFAULTS["elmo"]["seq_len"] != bert_args.seq_len
+    assert parse_pretrain_args(["--model", "elmo", *required, "--seq-len", "32"])[0].seq_len == 32
     assert parse_pretrain_args(["--model", "elmo", *required, "--lr", "1e-4"])[1].lr == 1e-4
     config = tmp_path / "run.yaml"
     config.write_text("model: elmo\nlr: 3e-4\n")
