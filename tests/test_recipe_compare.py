@@ -140,7 +140,7 @@ def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path,
         assert (pretrained / "model.safetensors").read_bytes() != (
             twin / "model.safetensors"
         ).read_bytes()
-        # Each family pretrains with its own recipe (elmo on shorter blocks than gpt).
+        # Each family's run used its recipe's block length, its family defaults included.
         pretrain_args = json.loads((pretrained / "pretrain_args.json").read_text())["pretrain"]
         recipe = recipe_compare.recipe_arguments("tiny", family=family)[0]
         assert pretrain_args["seq_len"] == recipe.seq_len
