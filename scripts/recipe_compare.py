@@ -2,7 +2,8 @@
 
     python scripts/recipe_compare.py --budget-minutes 25 --preset mini [--tasks sst2 rte ...] \\
         [--output-dir runs/recipe-compare] [--data PATH] [--max-train-samples N] \\
-        [--ablate local-attention nsp mask-rate batch-size beta2 lr dropout pre-ln sparse-logits] \\
+        [--ablate local-attention nsp mask-rate batch-size beta2 lr seq-len dropout pre-ln \\
+        sparse-logits] \\
         [--families gpt elmo]
 
 1. trains the WordPiece tokenizer (16k) once on WikiText-2 train + the Gutenberg books;
@@ -134,6 +135,8 @@ CANDIDATES = {
     "batch-size": Candidate(("batch_size",), False, (32, 16), lambda size: f"batch {size}"),
     "beta2": Candidate(("adam_beta2",), False, (0.98, 0.999), lambda b: f"beta2 {b:g}"),
     "lr": Candidate(("lr",), False, (1e-3, 2e-3), lambda lr: f"lr {lr:.0e}".replace("e-0", "e-")),
+    # Half-length blocks make about twice the steps; fine-tuning still reads 128 tokens.
+    "seq-len": Candidate(("seq_len",), False, (64, 128), lambda n: f"{n}-token blocks"),
     "dropout": Candidate(
         ("hidden_dropout_prob", "attention_probs_dropout_prob"),
         True,
