@@ -4,7 +4,7 @@
         [--output-dir runs/recipe-compare] [--data PATH] [--max-train-samples N] \\
         [--ablate local-attention nsp mask-rate batch-size beta2 lr seq-len dropout pre-ln \\
         sparse-logits] \\
-        [--families gpt elmo]
+        [--families gpt elmo] [--finetune-seeds 42 43 44]
 
 1. trains the WordPiece tokenizer (16k) once on WikiText-2 train + the Gutenberg books;
 2. pretrains bert on that corpus for --budget-minutes twice: with the stock recipe
@@ -14,8 +14,10 @@
    with --families, also pretrains gpt and/or elmo with their own defaults (FAMILY_RECIPE) and
    saves each at its random initial weights as its twin ("gpt, scratch");
 3. fine-tunes every model identically with `egbert finetune` (FINETUNE_FLAGS; the head and lr by
-   model type, FINETUNE_BY_TYPE, so a twin is fine-tuned as its pretrained model) on the tasks;
-4. writes `results.md` (GLUE scores x 100 and their average, plus an ablation table),
+   model type, FINETUNE_BY_TYPE, so a twin is fine-tuned as its pretrained model) on the tasks,
+   once per --finetune-seeds seed;
+4. writes `results.md` (GLUE scores x 100, the mean over the seeds, and their average, plus a
+   table of each seed's average when there are several, and an ablation table),
    `results.json` and `loss_curves.png` (training loss against minutes), and prints them.
 
 A rerun reuses every finished step; a rerun with another preset, budget, vocabulary, sample
@@ -89,10 +91,9 @@ FAMILIES = ("gpt", "elmo")
 FAMILY_RECIPE = [*CORPUS, "--warmup-steps", "0.06"]
 
 # The same fine-tuning for every model (SST-2, 67k examples, gets one epoch instead of three);
-# dev scores are all the tables need, so no test-set prediction files.
-FINETUNE_FLAGS = [
-    "--batch-size", "32", "--max-seq-length", "128", "--seed", str(SEED), "--no-predict",
-]  # fmt: skip
+# dev scores are all the tables need, so no test-set prediction files. The seed is
+# --finetune-seeds'.
+FINETUNE_FLAGS = ["--batch-size", "32", "--max-seq-length", "128", "--no-predict"]
 FINETUNE_DROPOUT = 0.1  # on every dropout field the model has (see dropout_overrides)
 DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 # What the classifier reads and the peak lr, by model type (a model and its twin alike; others:
@@ -377,7 +378,12 @@ def save_scratch(
 
 
 def finetune(
-    model_dir: Path, task: str, run_dir: Path, glue_dir: Path, max_train_samples: int | None
+    model_dir: Path,
+    task: str,
+    run_dir: Path,
+    glue_dir: Path,
+    max_train_samples: int | None,
+    seed: int = SEED,
 ) -> float:
     """One model on one task with FINETUNE_FLAGS; returns its GLUE score (a finished run is
     reused, an interrupted one resumed)."""
@@ -389,6 +395,7 @@ def finetune(
         epochs = SST2_EPOCHS if task == "sst2" else FINETUNE_EPOCHS
         argv = ["--task", task, "--model", str(model_dir), "--output-dir", str(run_dir)]
         argv += ["--data-dir", str(glue_dir), "--epochs", str(epochs), *FINETUNE_FLAGS]
+        argv += ["--seed", str(seed)]
         argv += precision_flags()
         argv += dropout_overrides(model_dir)
         argv += option_flags(finetune_options(model_dir))
@@ -398,6 +405,13 @@ def finetune(
             argv.append("--resume")
         finetune_run.main(argv)
     return json.loads(results.read_text(encoding="utf-8"))["score"]
+
+
+def finetune_dir(output_dir: Path, model_dir: Path, task: str, seed: int) -> Path:
+    """finetune/MODEL/TASK for the default seed (so single-seed folders are reused as they
+    are), finetune/MODEL/TASK-seedN for the others."""
+    name = task if seed == SEED else f"{task}-seed{seed}"
+    return output_dir / "finetune" / model_dir.name / name
 
 
 def model_config(model_dir: Path) -> dict[str, Any]:
@@ -496,6 +510,22 @@ def pretraining_table(summaries: dict[str, dict[str, Any]]) -> str:
             "\nThe budget runs above did not all finish on one day: step counts (and so scores) "
             "compare fairly only within one sitting; a new --output-dir reruns them together."
         )
+    return "\n".join(lines)
+
+
+def seed_table(seed_scores: dict[str, dict[str, list[float]]], seeds: Sequence[int]) -> str:
+    """Markdown: each model's task average per fine-tuning seed, their mean and their range."""
+    header = "| model | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean | range |"
+    lines = [header, "|---|" + "---:|" * (len(seeds) + 2)]
+    for label, by_task in seed_scores.items():
+        averages = [
+            100 * glue_score({task: scores[i] for task, scores in by_task.items()})
+            for i in range(len(seeds))
+        ]
+        cells = [f"{average:.1f}" for average in averages]
+        spread = max(averages) - min(averages)
+        mean = sum(averages) / len(averages)
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {mean:.1f} | {spread:.1f} |")
     return "\n".join(lines)
 
 
@@ -606,18 +636,31 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
     pretraining = {label: pretraining_summary(path) for label, path in run_dirs.items()}
     model_dirs = models_to_finetune(args, run_dirs, tokenizer_dir)
 
-    runs = [(label, task) for label in model_dirs for task in tasks]
-    print(f"[3/4] fine-tuning {len(model_dirs)} models on {', '.join(tasks)}", flush=True)
-    scores: dict[str, dict[str, float]] = {}
-    for number, (label, task) in enumerate(runs, 1):
-        print(f"  ({number}/{len(runs)}) {label} / {task}", flush=True)
-        run_dir = output_dir / "finetune" / model_dirs[label].name / task
-        score = finetune(model_dirs[label], task, run_dir, data / "glue", args.max_train_samples)
-        scores.setdefault(label, {})[task] = score
+    seeds = args.finetune_seeds
+    runs = [(label, task, seed) for label in model_dirs for task in tasks for seed in seeds]
+    print(
+        f"[3/4] fine-tuning {len(model_dirs)} models on {', '.join(tasks)}, "
+        f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}",
+        flush=True,
+    )
+    seed_scores: dict[str, dict[str, list[float]]] = {}
+    for number, (label, task, seed) in enumerate(runs, 1):
+        print(f"  ({number}/{len(runs)}) {label} / {task} / seed {seed}", flush=True)
+        run_dir = finetune_dir(output_dir, model_dirs[label], task, seed)
+        score = finetune(
+            model_dirs[label], task, run_dir, data / "glue", args.max_train_samples, seed
+        )
+        seed_scores.setdefault(label, {}).setdefault(task, []).append(score)
 
     print(f"[4/4] results -> {output_dir / 'results.md'}", flush=True)
+    scores = {
+        label: {task: sum(per_seed) / len(per_seed) for task, per_seed in by_task.items()}
+        for label, by_task in seed_scores.items()
+    }
     averages = {label: glue_score(by_task) for label, by_task in scores.items()}
     tables = [quickstart.results_table(scores, tasks)]
+    if len(seeds) > 1:
+        tables.append(seed_table(seed_scores, seeds))
     if ablations:
         tables.append(ablation_table(ablations, averages))
     report = {
@@ -626,7 +669,9 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         "tasks": tasks,
         "egbert_recipe": recipe_options(),
         "family_recipe": recipe_options("gpt"),
+        "finetune_seeds": seeds,
         "scores": scores,
+        "seed_scores": seed_scores,
         "averages": averages,
         "pretraining": pretraining,
         "ablations": ablations,
@@ -688,6 +733,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="also pretrain these families with their own defaults at the same budget, and "
         "fine-tune each next to its randomly initialised twin",
     )
+    parser.add_argument(
+        "--finetune-seeds",
+        nargs="+",
+        type=int,
+        default=[SEED],
+        metavar="SEED",
+        help="fine-tune every model on every task once per seed and report the mean: on the "
+        "small GLUE dev sets one seed's average moves by a point or two (default: %(default)s)",
+    )
     return parser
 
 
@@ -698,6 +752,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"--ablate {', '.join(unknown)}: unknown candidate; use any of {', '.join(CANDIDATES)}"
         )
+    if len(set(args.finetune_seeds)) < len(args.finetune_seeds):
+        raise ConfigError(f"--finetune-seeds {args.finetune_seeds}: name each seed once")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import datetime
 import importlib.util
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -115,6 +116,35 @@ def test_a_rerun_reuses_every_finished_step(
     assert json.loads((finished_run / "results.json").read_text())["scores"] == before["scores"]
 
 
+def test_more_finetuning_seeds_keep_the_first_seeds_runs_and_report_the_mean(
+    finished_run: Path, micro_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    first = [out / "finetune" / row / "rte" / "eval_results.json" for row in ROWS]
+    stamps = [path.stat().st_mtime_ns for path in first]
+    capsys.readouterr()
+    run_micro(micro_data, out, "--tasks", "rte", "--finetune-seeds", "42", "7")
+    assert capsys.readouterr().out.count("reusing") == 1 + len(ROWS) + len(ROWS)
+    assert [path.stat().st_mtime_ns for path in first] == stamps
+
+    report = json.loads((out / "results.json").read_text())
+    assert report["finetune_seeds"] == [42, 7]
+    for row, kept_results in zip(ROWS, first, strict=True):
+        seed7_results = out / "finetune" / row / "rte-seed7" / "eval_results.json"
+        second = json.loads(seed7_results.read_text())
+        assert second["options"]["seed"] == 7
+        kept = json.loads(kept_results.read_text())["score"]
+        assert report["seed_scores"][row]["rte"] == [kept, second["score"]]
+        assert report["scores"][row]["rte"] == pytest.approx((kept + second["score"]) / 2)
+    seed_rows = (out / "results.md").read_text().split("\n\n")[1].splitlines()
+    assert seed_rows[0] == "| model | seed 42 | seed 7 | mean | range |"
+    for row, line in zip(ROWS, seed_rows[2:], strict=True):
+        cells = [float(cell) for cell in line.strip("|").split("|")[1:]]
+        assert cells[2] == pytest.approx(100 * report["averages"][row], abs=0.06)
+        assert cells[3] == pytest.approx(abs(cells[0] - cells[1]), abs=0.11)
+
+
 def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path, micro_data: Path):
     before = json.loads((finished_run / "results.json").read_text())["scores"]
     egbert_weights = finished_run / "pretrain" / "egbert" / "model.safetensors"
@@ -212,6 +242,7 @@ def test_each_ablation_flips_one_choice_of_the_recipe(name: str, tiny_tokenizer_
     [
         (["--ablate", "nsp", "warp-drive"], "--ablate warp-drive: unknown candidate"),
         (["--budget-minutes", "0"], "--budget-minutes must be > 0"),
+        (["--finetune-seeds", "42", "42"], "name each seed once"),
         (["--data", "{tmp}"], "wiki.train.tokens: not found; point --data"),
         (["--data", "{data}", "--tasks", "rte", "nosuch"], "unknown task 'nosuch'"),
     ],
