@@ -2,8 +2,8 @@
 
     python scripts/recipe_compare.py --budget-minutes 25 --preset mini [--tasks sst2 rte ...] \\
         [--output-dir runs/recipe-compare] [--data PATH] [--max-train-samples N] \\
-        [--ablate local-attention nsp mask-rate batch-size beta2 lr seq-len dropout pre-ln \\
-        sparse-logits] \\
+        [--ablate local-attention nsp mask-rate whole-word-mask batch-size beta2 lr seq-len \\
+        dropout pre-ln sparse-logits] \\
         [--families gpt elmo] [--finetune-seeds 42 43 44]
 
 1. trains the WordPiece tokenizer (16k) once on WikiText-2 train + the Gutenberg books;
@@ -133,6 +133,12 @@ class Candidate:
 CANDIDATES = {
     "nsp": Candidate(("nsp",), False, (False, True), lambda on: "NSP" if on else "no NSP"),
     "mask-rate": Candidate(("mlm_probability",), False, (0.15, 0.4), lambda p: f"mask {p:.0%}"),
+    "whole-word-mask": Candidate(
+        ("whole_word_mask",),
+        False,
+        (True, False),
+        lambda whole: "whole-word masking" if whole else "token masking",
+    ),
     "batch-size": Candidate(("batch_size",), False, (32, 16), lambda size: f"batch {size}"),
     "beta2": Candidate(("adam_beta2",), False, (0.98, 0.999), lambda b: f"beta2 {b:g}"),
     "lr": Candidate(("lr",), False, (1e-3, 2e-3), lambda lr: f"lr {lr:.0e}".replace("e-0", "e-")),
@@ -740,7 +746,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[SEED],
         metavar="SEED",
         help="fine-tune every model on every task once per seed and report the mean: on the "
-        "small GLUE dev sets one seed's average moves by a point or two (default: %(default)s)",
+        f"small GLUE dev sets one seed's average moves by a point or two (default: {SEED})",
     )
     return parser
 
