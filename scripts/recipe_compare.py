@@ -524,9 +524,10 @@ def seed_table(seed_scores: dict[str, dict[str, list[float]]], seeds: Sequence[i
     header = "| model | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean | range |"
     lines = [header, "|---|" + "---:|" * (len(seeds) + 2)]
     for label, by_task in seed_scores.items():
+        # zip(*...) turns {task: [score per seed]} into one (score per task) tuple per seed
         averages = [
-            100 * glue_score({task: scores[i] for task, scores in by_task.items()})
-            for i in range(len(seeds))
+            100 * glue_score(dict(zip(by_task, seed_run, strict=True)))
+            for seed_run in zip(*by_task.values(), strict=True)
         ]
         cells = [f"{average:.1f}" for average in averages]
         spread = max(averages) - min(averages)
