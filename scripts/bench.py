@@ -120,7 +120,9 @@ def random_batch(vocab: int, batch: int, seq: int, generator: torch.Generator) -
     return torch.randint(5, vocab, (batch, seq), generator=generator)
 
 
-def bert_workload(sizes: Sizes, vocab: int, batch: int, seq: int, sparse: bool) -> Workload:
+def bert_workload(
+    sizes: Sizes, vocab: int, batch: int, seq: int, dropout: float, sparse: bool
+) -> Workload:
     generator = torch.Generator().manual_seed(0)
     input_ids = random_batch(vocab, batch, seq, generator)
     masked = torch.rand(batch, seq, generator=generator) < MLM_PROBABILITY
@@ -132,6 +134,8 @@ def bert_workload(sizes: Sizes, vocab: int, batch: int, seq: int, sparse: bool) 
         num_attention_heads=sizes.heads,
         intermediate_size=sizes.ffn,
         max_position_embeddings=max(512, seq),
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     egbert = EgbertBertForPreTraining(EgbertBertConfig(**shape, sparse_mlm_logits=sparse))
     reference = BertForPreTraining(BertConfig(**shape))
@@ -148,7 +152,7 @@ def bert_workload(sizes: Sizes, vocab: int, batch: int, seq: int, sparse: bool) 
     return Workload(egbert, reference, inputs, flops)
 
 
-def gpt_workload(sizes: Sizes, vocab: int, batch: int, seq: int) -> Workload:
+def gpt_workload(sizes: Sizes, vocab: int, batch: int, seq: int, dropout: float) -> Workload:
     input_ids = random_batch(vocab, batch, seq, torch.Generator().manual_seed(0))
     egbert = EgbertGPTForCausalLM(
         EgbertGPTConfig(
@@ -158,6 +162,8 @@ def gpt_workload(sizes: Sizes, vocab: int, batch: int, seq: int) -> Workload:
             num_attention_heads=sizes.heads,
             intermediate_size=sizes.ffn,
             max_position_embeddings=max(512, seq),
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
         )
     )
     reference = GPT2LMHeadModel(
@@ -168,6 +174,9 @@ def gpt_workload(sizes: Sizes, vocab: int, batch: int, seq: int) -> Workload:
             n_head=sizes.heads,
             n_inner=sizes.ffn,
             n_positions=max(512, seq),
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=dropout,
             # GPT-2's end-of-text id (50256) is outside this vocabulary; use the last id.
             bos_token_id=vocab - 1,
             eos_token_id=vocab - 1,
@@ -207,7 +216,7 @@ class PlainBiLSTMLM(nn.Module):
         return SimpleNamespace(loss=loss)
 
 
-def elmo_workload(sizes: Sizes, vocab: int, batch: int, seq: int) -> Workload:
+def elmo_workload(sizes: Sizes, vocab: int, batch: int, seq: int, dropout: float) -> Workload:
     input_ids = random_batch(vocab, batch, seq, torch.Generator().manual_seed(0))
     egbert = EgbertElmoForBidirectionalLM(
         EgbertElmoConfig(
@@ -215,9 +224,10 @@ def elmo_workload(sizes: Sizes, vocab: int, batch: int, seq: int) -> Workload:
             hidden_size=sizes.elmo_hidden,
             cell_size=sizes.elmo_cell,
             num_hidden_layers=sizes.elmo_layers,
+            hidden_dropout_prob=dropout,
         )
     )
-    reference = PlainBiLSTMLM(vocab, sizes.elmo_hidden, sizes.elmo_cell, sizes.elmo_layers)
+    reference = PlainBiLSTMLM(vocab, sizes.elmo_hidden, sizes.elmo_cell, sizes.elmo_layers, dropout)
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     inputs["labels"] = input_ids
     tokens = batch * seq
@@ -227,7 +237,8 @@ def elmo_workload(sizes: Sizes, vocab: int, batch: int, seq: int) -> Workload:
 
 def workloads(args: argparse.Namespace) -> list[tuple[str, Callable[[], Workload]]]:
     """(row name, builder) of each workload of --model ("all": every family), in table order."""
-    shape = (preset_sizes(args.preset), args.vocab_size, args.batch_size, args.seq_len)
+    sizes = preset_sizes(args.preset)
+    shape = (sizes, args.vocab_size, args.batch_size, args.seq_len, args.dropout)
     builders = {
         "bert": [
             ("bert (sparse MLM)", lambda: bert_workload(*shape, sparse=True)),
@@ -414,6 +425,8 @@ def _child_command(args: argparse.Namespace) -> list[str]:
         str(args.vocab_size),
         "--device",
         args.device,
+        "--dropout",
+        str(args.dropout),
     ]
 
 
@@ -580,6 +593,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
     parser.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="time only the torch.compile'd models (on a GPU, eager references at large batches "
+        "run out of memory beside egbert's model)",
+    )
+    parser.add_argument(
         "--compile-timeout",
         type=int,
         default=1800,
@@ -596,6 +615,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--vocab-size", type=int, default=30522)
+    parser.add_argument(
+        "--dropout",
+        type=float,
+        default=0.1,
+        help="dropout of both sides, hidden and attention (default: 0.1, the presets' and the "
+        "references'; egbert's bert recipe pretrains with 0)",
+    )
     parser.add_argument(
         "--device",
         choices=["cpu", "cuda"],
@@ -646,7 +672,7 @@ def main() -> None:
             flush=True,
         )
         precisions = ["fp32"]
-    compile_modes = [False, True] if args.compile else [False]
+    compile_modes = [True] if args.compile_only else [False, True] if args.compile else [False]
     peaks = {
         p: matmul_peak_flops(torch.bfloat16 if p == "bf16" else torch.float32, device)
         for p in precisions
