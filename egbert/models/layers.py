@@ -310,36 +310,46 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, targets, dtype, label_smoothing, chunk_rows):
         rows, vocab = hidden.shape[0], weight.shape[0]
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        # A vocabulary that is not a multiple of 8 (BERT's 30,522) leaves every logits row off the
+        # 16-byte alignment that vectorised loads and Hopper's matmul kernels need (an H100 ran
+        # one of the three head matmuls on an older, slower kernel). Zero rows pad the head, and
+        # their logits are set to -inf so that they take no probability and get no gradient.
+        padding = -vocab % 8
         # the casts are spelled out here, so autocast must not add its own
         with torch.autocast(hidden.device.type, enabled=False):
-            inputs, head = hidden.to(dtype), weight.to(dtype)
-            head_bias = None if bias is None else bias.to(dtype)
+            inputs, head = hidden.to(dtype), F.pad(weight.to(dtype), (0, 0, 0, padding))
+            head_bias = None if bias is None else F.pad(bias.to(dtype), (0, padding))
             grad_hidden = torch.empty_like(hidden) if needs_hidden else None
-            grad_weight = torch.zeros_like(weight, dtype=torch.float32) if needs_weight else None
-            grad_bias = torch.zeros_like(bias, dtype=torch.float32) if needs_bias else None
+            grad_weight = torch.zeros_like(head, dtype=torch.float32) if needs_weight else None
+            grad_bias = torch.zeros_like(head_bias, dtype=torch.float32) if needs_bias else None
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
             for start in range(0, rows, chunk_rows):
                 chunk = slice(start, start + chunk_rows)
-                logits = F.linear(inputs[chunk], head, head_bias).float()  # (chunk, vocab)
+                logits = F.linear(inputs[chunk], head, head_bias).float()  # (chunk, padded vocab)
+                logits[:, vocab:] = -math.inf
                 log_probs = logits.log_softmax(dim=-1)
                 target = targets[chunk, None]  # (chunk, 1)
                 total -= (1 - label_smoothing) * log_probs.gather(1, target).sum()
                 if label_smoothing:
-                    total -= label_smoothing / vocab * log_probs.sum()
+                    total -= label_smoothing / vocab * log_probs[:, :vocab].sum()
                 # d loss / d logits of each row: softmax - (1 - eps) * one_hot(target) - eps / vocab
                 grad_logits = log_probs.exp_()
                 grad_logits.scatter_add_(
                     1, target, torch.full(target.shape, label_smoothing - 1.0, device=target.device)
                 )
                 if label_smoothing:
-                    grad_logits.sub_(label_smoothing / vocab)
+                    grad_logits[:, :vocab].sub_(label_smoothing / vocab)
                 if needs_bias:
                     grad_bias += grad_logits.sum(dim=0)
                 grad_logits = grad_logits.to(dtype)
                 if needs_hidden:
                     grad_hidden[chunk] = grad_logits @ head
                 if needs_weight:
-                    grad_weight += grad_logits.T @ inputs[chunk]  # (vocab, hidden)
+                    grad_weight += grad_logits.T @ inputs[chunk]  # (padded vocab, hidden)
+        if needs_weight:
+            grad_weight = grad_weight[:vocab]
+        if needs_bias:
+            grad_bias = grad_bias[:vocab]
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.rows = rows
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
