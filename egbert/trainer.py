@@ -85,6 +85,14 @@ class TrainingArguments:
     adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
     batch_size: int = field(default=32, metadata={"help": "examples per batch and process"})
     grad_accum: int = field(default=1, metadata={"help": "batches per optimizer step"})
+    batch_ramp_to: int | None = field(
+        default=None,
+        metadata={
+            "help": "grow the batch linearly over the run from --batch-size to N examples per "
+            "step (a multiple of it), by accumulating more batches per step; with "
+            "--budget-minutes or --max-steps"
+        },
+    )
     max_steps: int | None = field(
         default=None, metadata={"help": "optimizer steps to train (overrides --epochs)"}
     )
@@ -172,8 +180,19 @@ class TrainingArguments:
             )
         if self.label_smoothing is not None and not 0 <= self.label_smoothing < 1:
             raise ConfigError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.batch_ramp_to is not None:
+            self._check_batch_ramp()
         if self.schedule == "inverse_sqrt" and not self.warmup_steps >= 1:
             raise ConfigError("--schedule inverse_sqrt needs --warmup-steps as a number of steps")
+
+    def _check_batch_ramp(self) -> None:
+        ramp = f"--batch-ramp-to {self.batch_ramp_to}"
+        if self.batch_ramp_to <= self.batch_size or self.batch_ramp_to % self.batch_size:
+            raise ConfigError(
+                f"{ramp}: give a multiple of --batch-size {self.batch_size} larger than it"
+            )
+        if self.grad_accum != 1:
+            raise ConfigError(f"{ramp} sets the accumulation itself: leave --grad-accum at 1")
 
     @property
     def warmup_is_ratio(self) -> bool:
@@ -451,6 +470,12 @@ class Trainer:
             betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_epsilon,
         )
+        if args.batch_ramp_to is not None and args.budget_minutes is None and not args.max_steps:
+            # epochs hold fewer batches per step at the start than at the end: no fixed length
+            raise ConfigError(
+                f"--batch-ramp-to {args.batch_ramp_to} needs a run length: --budget-minutes or "
+                "--max-steps"
+            )
         self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
             model, optimizer, train_loader
         )
@@ -559,7 +584,7 @@ class Trainer:
             f"egbert: training on {accelerator.num_processes} process(es) "
             f"({accelerator.distributed_type.value}, {accelerator.device}, "
             f"mixed precision {accelerator.mixed_precision}); "
-            f"batch {self.args.batch_size} x {self.args.grad_accum} accumulation x "
+            f"batch {self.args.batch_size} x {self._accumulation_text()} x "
             f"{accelerator.num_processes} processes",
             flush=True,
         )
@@ -632,7 +657,7 @@ class Trainer:
         batches = self._epoch_batches()
         started_at = self.state.batches_in_epoch
         while True:
-            group = list(itertools.islice(batches, self.args.grad_accum))
+            group = list(itertools.islice(batches, self._batches_per_step()))
             if not group:
                 break
             updated = self._optimizer_step(group)
@@ -647,6 +672,25 @@ class Trainer:
         self.state.epoch += 1
         self.state.batches_in_epoch = 0
         return True
+
+    def _accumulation_text(self) -> str:
+        args = self.args
+        if args.batch_ramp_to is None:
+            return f"{args.grad_accum} accumulation"
+        return f"1 to {args.batch_ramp_to // args.batch_size} accumulation (batch ramp)"
+
+    def _batches_per_step(self) -> int:
+        """--grad-accum, or with --batch-ramp-to the ramp's count at this point of the run:
+        1 at the start, growing linearly with the share of the budget (or of --max-steps) done."""
+        args = self.args
+        if args.batch_ramp_to is None:
+            return args.grad_accum
+        if args.budget_minutes is not None:
+            done = self.state.elapsed_seconds / (args.budget_minutes * 60)
+        else:
+            done = self.state.step / args.max_steps
+        final = args.batch_ramp_to // args.batch_size
+        return 1 + math.floor((final - 1) * min(done, 1.0) + 0.5)
 
     def _optimizer_step(self, group: list[dict[str, Any]]) -> bool:
         """Forward and backward over `group` (accumulated), then one update unless the loss is

@@ -140,6 +140,13 @@ CANDIDATES = {
         lambda whole: "whole-word masking" if whole else "token masking",
     ),
     "batch-size": Candidate(("batch_size",), False, (32, 16), lambda size: f"batch {size}"),
+    # The batch grows from --batch-size to 64 over the budget by accumulation (as in Cramming).
+    "batch-ramp": Candidate(
+        ("batch_ramp_to",),
+        False,
+        (64, None),
+        lambda final: f"batch ramp to {final}" if final else "fixed batch",
+    ),
     "beta2": Candidate(("adam_beta2",), False, (0.98, 0.999), lambda b: f"beta2 {b:g}"),
     "lr": Candidate(("lr",), False, (1e-3, 2e-3), lambda lr: f"lr {lr:.0e}".replace("e-0", "e-")),
     # Half-length blocks make about twice the steps; fine-tuning still reads 128 tokens.

@@ -10,6 +10,7 @@ import errno
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -285,6 +286,29 @@ def test_grad_accumulation_equals_the_larger_batch(tmp_path):
     assert_same_weights(
         tmp_path / "big/model.safetensors", tmp_path / "acc/model.safetensors", 1e-6
     )
+
+
+def test_batch_ramp_accumulates_more_batches_as_the_run_goes_on(tmp_path):
+    # 2-example batches ramping to 8: 1 batch a step at the start, then 1 + round(3 * share done)
+    trainer = make_trainer(tmp_path, size=64, batch_size=2, batch_ramp_to=8, max_steps=4)
+    result = trainer.train()
+    assert result.step == 4
+    assert trainer.state.batches_in_epoch == 1 + 2 + 3 + 3
+    assert trainer.state.tokens_seen == 9 * 2 * 8
+
+
+@pytest.mark.parametrize(
+    ("options", "fix"),
+    [
+        ({"batch_ramp_to": 6}, "a multiple of --batch-size 4"),
+        ({"batch_ramp_to": 4}, "a multiple of --batch-size 4 larger than it"),
+        ({"batch_ramp_to": 8, "grad_accum": 2}, "leave --grad-accum at 1"),
+        ({"batch_ramp_to": 8, "max_steps": None, "epochs": 2}, "--budget-minutes or --max-steps"),
+    ],
+)
+def test_batch_ramp_refuses_what_it_cannot_do(tmp_path, options, fix):
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        make_trainer(tmp_path, **options)
 
 
 def test_label_smoothing_trains_but_is_off_for_evaluation(tmp_path):
