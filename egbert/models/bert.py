@@ -33,6 +33,7 @@ from egbert.models.layers import (
     check_transformer_config,
     init_local_attention,
     init_transformer_weights,
+    linear_cross_entropy,
     self_attention_mask,
 )
 
@@ -55,7 +56,8 @@ class EgbertBertConfig(PretrainedConfig):
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int | None = 0
-    sparse_mlm_logits: bool = False  # compute MLM logits only where labels != -100
+    # MLM logits only where labels != -100; when training, the loss without any logits
+    sparse_mlm_logits: bool = False
     local_attention_init: bool = False  # start each head on a fixed neighbour (layers.py)
     label_smoothing: float = 0.0
     tie_word_embeddings: bool = True
@@ -171,7 +173,11 @@ class MaskedLMHead(nn.Module):
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.norm(self.activation(self.dense(hidden_states))))
+        return self.decoder(self.transform(hidden_states))
+
+    def transform(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """What the decoder reads: dense, activation, LayerNorm."""
+        return self.norm(self.activation(self.dense(hidden_states)))
 
 
 def masked_lm_logits_and_loss(
@@ -179,17 +185,29 @@ def masked_lm_logits_and_loss(
     sequence_output: torch.Tensor,
     labels: torch.Tensor | None,
     config: EgbertBertConfig,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """MLM logits and the cross-entropy over positions whose label is not -100.
 
     With config.sparse_mlm_logits and labels, only the labelled positions go through the head
-    (about 15% of them in BERT pretraining), so the logits are (labelled positions, vocab).
+    (about 15% of them in BERT pretraining), so the logits are (labelled positions, vocab). When
+    training, the decoder and the loss go through linear_cross_entropy instead, which never holds
+    the logits (no logits are returned then).
     """
     if labels is None:
         return head(sequence_output), None
     if config.sparse_mlm_logits:
         selected = labels != -100
         sequence_output, labels = sequence_output[selected], labels[selected]
+        if head.training and torch.is_grad_enabled():
+            decoder = head.decoder
+            loss = linear_cross_entropy(
+                head.transform(sequence_output),
+                decoder.weight,
+                labels,
+                decoder.bias,
+                label_smoothing=config.label_smoothing,
+            )
+            return None, loss
     logits = head(sequence_output)
     loss = F.cross_entropy(
         logits.reshape(-1, config.vocab_size),
