@@ -193,7 +193,7 @@ class PlainBiLSTMLM(nn.Module):
     reversed, sharing a tied softmax, with the same dropout as egbert's (on the embeddings, between
     layers and before the softmax); no residuals, no padding handling."""
 
-    def __init__(self, vocab: int, hidden: int, cell: int, layers: int, dropout: float = 0.1):
+    def __init__(self, vocab: int, hidden: int, cell: int, layers: int, dropout: float):
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
         self.dropout = nn.Dropout(dropout)
@@ -672,7 +672,7 @@ def main() -> None:
             flush=True,
         )
         precisions = ["fp32"]
-    compile_modes = [True] if args.compile_only else [False, True] if args.compile else [False]
+    compile_modes = [True] if args.compile_only else ([False, True] if args.compile else [False])
     peaks = {
         p: matmul_peak_flops(torch.bfloat16 if p == "bf16" else torch.float32, device)
         for p in precisions

@@ -2,8 +2,8 @@
 
     python scripts/recipe_compare.py --budget-minutes 25 --preset mini [--tasks sst2 rte ...] \\
         [--output-dir runs/recipe-compare] [--data PATH] [--max-train-samples N] \\
-        [--ablate local-attention nsp mask-rate whole-word-mask batch-size beta2 lr seq-len \\
-        dropout pre-ln sparse-logits] \\
+        [--ablate local-attention nsp mask-rate whole-word-mask batch-size batch-ramp beta2 lr \\
+        seq-len dropout pre-ln sparse-logits] \\
         [--families gpt elmo] [--finetune-seeds 42 43 44]
 
 1. trains the WordPiece tokenizer (16k) once on WikiText-2 train + the Gutenberg books;

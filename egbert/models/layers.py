@@ -302,6 +302,16 @@ def default_chunk_rows(device: torch.device, vocab: int) -> int:
     return 256 if device.type == "cpu" else max(256, 2**27 // vocab)
 
 
+def _padded_rows(tensor: torch.Tensor, padding: int, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` in `dtype` with `padding` zero rows after it, cast and padded in one copy (a
+    cast and then F.pad would copy the LM head twice every step)."""
+    if not padding:
+        return tensor.to(dtype)
+    padded = tensor.new_zeros((tensor.shape[0] + padding, *tensor.shape[1:]), dtype=dtype)
+    padded[: tensor.shape[0]] = tensor
+    return padded
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """The mean cross-entropy of a linear head over rows that all have a target; see
     linear_cross_entropy. The gradients are computed chunk by chunk in forward()."""
@@ -317,8 +327,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         padding = -vocab % 8
         # the casts are spelled out here, so autocast must not add its own
         with torch.autocast(hidden.device.type, enabled=False):
-            inputs, head = hidden.to(dtype), F.pad(weight.to(dtype), (0, 0, 0, padding))
-            head_bias = None if bias is None else F.pad(bias.to(dtype), (0, padding))
+            inputs, head = hidden.to(dtype), _padded_rows(weight, padding, dtype)
+            head_bias = None if bias is None else _padded_rows(bias, padding, dtype)
             grad_hidden = torch.empty_like(hidden) if needs_hidden else None
             grad_weight = torch.zeros_like(head, dtype=torch.float32) if needs_weight else None
             grad_bias = torch.zeros_like(head_bias, dtype=torch.float32) if needs_bias else None
@@ -326,7 +336,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, rows, chunk_rows):
                 chunk = slice(start, start + chunk_rows)
                 logits = F.linear(inputs[chunk], head, head_bias).float()  # (chunk, padded vocab)
-                logits[:, vocab:] = -math.inf
+                if padding:
+                    logits[:, vocab:] = -math.inf
                 log_probs = logits.log_softmax(dim=-1)
                 target = targets[chunk, None]  # (chunk, 1)
                 total -= (1 - label_smoothing) * log_probs.gather(1, target).sum()
