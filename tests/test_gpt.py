@@ -13,7 +13,13 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 
 from egbert.errors import ConfigError
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM, EgbertGPTModel
-from egbert.models.layers import default_chunk_rows, linear_cross_entropy
+from egbert.models.layers import (
+    SelfAttention,
+    default_chunk_rows,
+    linear_cross_entropy,
+    self_attention_mask,
+    written_out_is_faster,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "egbert" / "configs"
 
@@ -94,6 +100,26 @@ def test_attention_is_causal() -> None:
     torch.testing.assert_close(
         model(ids, output_attentions=True).logits, model(ids).logits, atol=1e-5, rtol=0
     )
+
+
+# bf16 on a CPU goes through explicit_attention, float32 through SDPA: the two must agree
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_bf16_attention_on_a_cpu_is_written_out_and_matches_sdpa(is_causal: bool) -> None:
+    torch.manual_seed(0)
+    attention = SelfAttention(16, 2, is_causal=is_causal).train()
+    hidden = torch.randn(2, 6, 16)
+    padding = torch.ones(2, 6, dtype=torch.long)
+    padding[1, 4:] = 0
+    mask = self_attention_mask(padding, 6, 0, is_causal, torch.device("cpu"))
+    sdpa, _ = attention(hidden, mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        written_out, _ = attention(hidden, mask)
+    torch.testing.assert_close(written_out.float(), sdpa, atol=3e-2, rtol=0)
+    keys = torch.zeros(1, 1, 512, 8, dtype=torch.bfloat16)
+    assert written_out_is_faster(keys, keys)
+    assert not written_out_is_faster(keys.float(), keys.float())
+    longer = torch.zeros(1, 1, 513, 8, dtype=torch.bfloat16)
+    assert not written_out_is_faster(longer, longer)
 
 
 def test_hidden_states_follow_the_gpt2_convention() -> None:
