@@ -39,7 +39,7 @@ from egbert.finetune.tasks import GLUE_TASKS, available_tasks, get_task
 from egbert.pretrain import run as pretrain_run
 from egbert.pretrain.data import load_hub_documents
 from egbert.tokenizer import format_stats, load_tokenizer, tokenizer_stats, train_tokenizer
-from egbert.trainer import adamw, bf16_pays_off
+from egbert.trainer import adamw, bf16_pays_off, keep_freed_memory_in_process
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 WIKITEXT = Path("corpus") / "wikitext-2"
@@ -199,6 +199,8 @@ def seconds_per_step(family: str, preset: str, tokenizer, bf16: bool, steps: int
     model, _ = pretrain_run.build_model(args, tokenizer)
     device = training_device()
     model.to(device).train()
+    if device == "cpu":  # as the trainer sets it
+        keep_freed_memory_in_process()
     optimizer = adamw(model.parameters(), device, lr=1e-4)  # the trainer's optimizer
     batch = probe_batch(family, model.config.vocab_size, torch.Generator().manual_seed(0))
     batch = {name: tensor.to(device) for name, tensor in batch.items()}

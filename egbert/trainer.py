@@ -33,6 +33,7 @@ batch size is per process and every process reports the loss averaged over all o
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import hashlib
@@ -41,6 +42,7 @@ import json
 import math
 import os
 import pickle
+import platform
 import shutil
 import signal
 import sys
@@ -279,6 +281,28 @@ def adamw(parameters: Any, device: torch.device | str, **options: Any) -> torch.
     return torch.optim.AdamW(parameters, fused=fused, **options)
 
 
+# glibc's mallopt() parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory_in_process() -> None:
+    """Make glibc's malloc keep freed memory for reuse instead of handing it back to the OS.
+
+    A CPU training step allocates and frees the same large tensors every step (activations,
+    the LM head's logits chunks and gradients). glibc serves blocks above its mmap threshold
+    (adaptive, at most 32 MiB) with fresh mmap'd pages and trims the heap's free top above its
+    trim threshold, so every step paid page faults to get zeroed memory back. With both raised
+    to 1 GiB the mini preset's bf16 step took 10-15% less time (bert 355 to 306-319 ms, gpt 665
+    to 569-594 ms, 2-core EPYC); the peak is the same, but memory freed after a peak stays with
+    the process. A process-wide setting (as MALLOC_MMAP_THRESHOLD_ would be); elsewhere than
+    Linux with glibc it does nothing."""
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt(M_MMAP_THRESHOLD, 2**30)
+    mallopt(M_TRIM_THRESHOLD, 2**30)
+
+
 class EpochShuffleSampler(Sampler[int]):
     """A new permutation every epoch, a pure function of (seed, epoch): the order of any epoch
     can be replayed on resume without replaying the ones before it."""
@@ -423,6 +447,8 @@ class Trainer:
                 )
             ],
         )
+        if self.accelerator.device.type == "cpu":
+            keep_freed_memory_in_process()
         if self.accelerator.distributed_type == DistributedType.DEEPSPEED and args.grad_accum > 1:
             raise ConfigError(
                 "DeepSpeed accumulates gradients itself: use --grad-accum 1 and set "

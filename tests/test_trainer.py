@@ -10,6 +10,7 @@ import errno
 import json
 import math
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -553,3 +554,34 @@ def _run_from_json(options: dict) -> None:
 
 if __name__ == "__main__":
     _run_from_json(json.loads(sys.argv[1]))
+
+
+# mallinfo2's hblkhd: the bytes malloc holds in mmap'd blocks (freed at once, pages lost)
+MALLOC_MAPPED_BYTES = """
+import ctypes, torch
+from egbert.trainer import keep_freed_memory_in_process
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = MallInfo2
+def mapped_while_holding_64_mib():
+    tensor = torch.empty(2**24)
+    return mallinfo2().hblkhd
+before = mapped_while_holding_64_mib()
+keep_freed_memory_in_process()
+print(before, mapped_while_holding_64_mib())
+"""
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.libc_ver() < ("glibc", "2.33"), reason="needs mallinfo2"
+)
+def test_cpu_training_keeps_freed_memory_in_the_process() -> None:
+    # a fresh interpreter: the setting is process-wide, and the default is what it changes
+    result = subprocess.run(
+        [sys.executable, "-c", MALLOC_MAPPED_BYTES], capture_output=True, text=True, check=True
+    )
+    before, after = map(int, result.stdout.split())
+    assert before >= 2**26 > after  # a 64 MiB tensor was mmap'd, and now comes from the heap
