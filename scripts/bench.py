@@ -56,7 +56,7 @@ from egbert.pretrain.data import (
     tokenize_documents,
 )
 from egbert.tokenizer import load_tokenizer, train_tokenizer
-from egbert.trainer import adamw, bf16_pays_off, keep_freed_memory_in_process, matmul_gflops
+from egbert.trainer import adamw, bf16_pays_off, matmul_gflops
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -656,8 +656,6 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no GPU here (torch.cuda.is_available() is False)")
     torch.manual_seed(0)
-    if args.device == "cpu":  # the trainer's allocator setting, for both sides
-        keep_freed_memory_in_process()
     if args.memory_of:
         measure_memory_alone(args)
         return
