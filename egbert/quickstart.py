@@ -199,8 +199,7 @@ def seconds_per_step(family: str, preset: str, tokenizer, bf16: bool, steps: int
     model, _ = pretrain_run.build_model(args, tokenizer)
     device = training_device()
     model.to(device).train()
-    if device == "cpu":  # as the trainer sets it
-        keep_freed_memory_in_process()
+    keep_freed_memory_in_process(device)  # as the trainer does
     optimizer = adamw(model.parameters(), device, lr=1e-4)  # the trainer's optimizer
     batch = probe_batch(family, model.config.vocab_size, torch.Generator().manual_seed(0))
     batch = {name: tensor.to(device) for name, tensor in batch.items()}

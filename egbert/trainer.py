@@ -285,8 +285,9 @@ def adamw(parameters: Any, device: torch.device | str, **options: Any) -> torch.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 
-def keep_freed_memory_in_process() -> None:
-    """Make glibc's malloc keep freed memory for reuse instead of handing it back to the OS.
+def keep_freed_memory_in_process(device: torch.device | str) -> None:
+    """Make glibc's malloc keep freed memory for reuse instead of handing it back to the OS,
+    for training on a CPU (`device`; on a GPU the tensors are not malloc's).
 
     A CPU training step allocates and frees the same large tensors every step (activations,
     the LM head's logits chunks and gradients). glibc serves blocks above its mmap threshold
@@ -297,6 +298,8 @@ def keep_freed_memory_in_process() -> None:
     varying sizes can fragment the heap instead: the dense-logits bert peaked 44% higher. A
     process-wide setting, as glibc's MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ would
     make it; where the user set either of those, or off Linux with glibc, it does nothing."""
+    if torch.device(device).type != "cpu":
+        return
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
         return
     if {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"} & os.environ.keys():
@@ -450,8 +453,7 @@ class Trainer:
                 )
             ],
         )
-        if self.accelerator.device.type == "cpu":
-            keep_freed_memory_in_process()
+        keep_freed_memory_in_process(self.accelerator.device)
         if self.accelerator.distributed_type == DistributedType.DEEPSPEED and args.grad_accum > 1:
             raise ConfigError(
                 "DeepSpeed accumulates gradients itself: use --grad-accum 1 and set "
@@ -716,8 +718,8 @@ class Trainer:
             return args.grad_accum
         if args.budget_minutes is not None:
             done = self.state.elapsed_seconds / (args.budget_minutes * 60)
-        else:
-            done = self.state.step / args.max_steps
+        else:  # --max-steps, which the schedule also runs over
+            done = self.state.step / self.total_steps
         final = args.batch_ramp_to // args.batch_size
         return 1 + math.floor((final - 1) * min(done, 1.0) + 0.5)
 

@@ -570,7 +570,7 @@ def mapped_while_holding_64_mib():
     tensor = torch.empty(2**24)
     return mallinfo2().hblkhd
 before = mapped_while_holding_64_mib()
-keep_freed_memory_in_process()
+keep_freed_memory_in_process("cpu")
 print(before, mapped_while_holding_64_mib())
 """
 

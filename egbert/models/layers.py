@@ -188,7 +188,8 @@ def explicit_attention(
     is_causal: bool,
     dropout: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(QK^T / sqrt(d)) V written out, for when the caller wants the attention weights."""
+    """softmax(QK^T / sqrt(d)) V written out: for when the caller wants the attention weights,
+    and where it is faster than SDPA (written_out_is_faster)."""
     scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])  # (batch, heads, q, k)
     if is_causal:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
@@ -285,7 +286,7 @@ def linear_cross_entropy(
     them in float32, the log-softmax, its gradient and their copies cost as much time as the
     transformer itself. Here rows whose target is -100 are dropped first, and the rest go through
     the head `chunk_rows` at a time (default: `default_chunk_rows`): each chunk's logits are
-    turned into its loss and, while they are still in cache, into the gradients of hidden, weight
+    turned into its loss and, before the next chunk's exist, into the gradients of hidden, weight
     and bias (softmax minus the smoothed one-hot, times the head). backward() only scales those by
     the incoming gradient. The matmuls, the softmax and the gradients run in the autocast dtype
     (the softmax accumulating in float32), the loss's sums in float32; under bfloat16 the loss
