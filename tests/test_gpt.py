@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 from egbert.errors import ConfigError
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM, EgbertGPTModel
 from egbert.models.layers import (
+    Dropout,
     SelfAttention,
     default_chunk_rows,
     linear_cross_entropy,
@@ -120,6 +121,23 @@ def test_bf16_attention_on_a_cpu_is_written_out_and_matches_sdpa(is_causal: bool
     assert not written_out_is_faster(keys.float(), keys.float())
     longer = torch.zeros(1, 1, 513, 8, dtype=torch.bfloat16)
     assert not written_out_is_faster(longer, longer)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_cpu_dropout_drops_at_rate_p_and_scales_what_it_keeps(p: float) -> None:
+    torch.manual_seed(0)
+    hidden = torch.ones(64, 4097, requires_grad=True)  # an odd size: the bits come 4 per draw
+    out = Dropout(p).train()(hidden)
+    kept = out != 0
+    for lane in range(4):  # each 16-bit quarter of a 64-bit draw is uniform, the sign bit too
+        rate = 1 - kept.flatten()[lane::4].float().mean().item()
+        assert abs(rate - p) < 0.01, (lane, rate)
+    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / (1 - p)))
+    out.sum().backward()
+    torch.testing.assert_close(hidden.grad, kept.float() / (1 - p))
+    torch.manual_seed(0)
+    torch.testing.assert_close(Dropout(p).train()(hidden), out)  # seeded by torch's generator
+    assert torch.equal(Dropout(p).eval()(hidden), hidden)
 
 
 def test_hidden_states_follow_the_gpt2_convention() -> None:

@@ -24,7 +24,7 @@ from transformers import (
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
-from egbert.models.layers import linear_cross_entropy
+from egbert.models.layers import Dropout, linear_cross_entropy
 
 
 class EgbertElmoConfig(PretrainedConfig):
@@ -100,7 +100,7 @@ class ElmoLstmStack(nn.Module):
             )
             for _ in range(config.num_hidden_layers)
         )
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, embeddings: torch.Tensor) -> list[torch.Tensor]:
         """(batch, seq, hidden) -> one (batch, seq, hidden) output per layer."""
@@ -187,7 +187,7 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
     def __init__(self, config: EgbertElmoConfig) -> None:
         super().__init__(config)
         self.elmo = EgbertElmoModel(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
         self.post_init()
 

@@ -38,6 +38,7 @@ from egbert.errors import ConfigError
 from egbert.models.bert import EgbertBertConfig, EgbertBertModel
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoModel
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTModel
+from egbert.models.layers import Dropout
 
 HEAD_DEFAULTS: dict[str, Any] = {
     "classifier_features": "cls",
@@ -162,7 +163,7 @@ class EgbertSequenceClassifier(PreTrainedModel):
         feature_size = entry_size * (self.num_last_layers if self.features == "last4-concat" else 1)
         self.scalar_mix = ScalarMix(num_entries) if self.features == "scalar-mix" else None
         dropout = head_option(config, "classifier_dropout")
-        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
+        self.dropout = Dropout(config.hidden_dropout_prob if dropout is None else dropout)
         self.classifier = nn.Linear(feature_size, config.num_labels)
 
         self.post_init()

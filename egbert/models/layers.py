@@ -41,6 +41,29 @@ def sinusoidal_position_table(
     return table  # (positions, dim)
 
 
+def dropout(hidden: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """F.dropout, with the mask drawn from 16 random bits per element on a CPU.
+
+    torch's CPU dropout draws its mask with bernoulli_, which outside Intel's MKL is a serial loop
+    of one Mersenne Twister draw per element: 4.6 ms per million elements on this project's AMD
+    CPU, a quarter of a bfloat16 bert step. Splitting 64-bit draws from the same generator four
+    ways takes 0.7 ms. The drop probability is rounded to a multiple of 1/65536 (0.1 -> 0.100006).
+    """
+    if not training or not 0.0 < p < 1.0 or hidden.device.type != "cpu":
+        return F.dropout(hidden, p, training)  # which also rejects a p outside [0, 1]
+    draws = torch.empty(-(-hidden.numel() // 4), dtype=torch.int64).random_(-(2**63), None)
+    bits = draws.view(torch.int16)[: hidden.numel()].view(hidden.shape)
+    kept = bits >= round(p * 65536) - 32768  # int16 bits are uniform on [-32768, 32767]
+    return hidden * kept.to(hidden.dtype).mul_(1.0 / (1.0 - p))
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout through `dropout` above."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return dropout(hidden, self.p, self.training)
+
+
 class Embeddings(nn.Module):
     """Token + position (+ segment) embeddings, then an optional LayerNorm and dropout."""
 
@@ -68,7 +91,7 @@ class Embeddings(nn.Module):
             nn.Embedding(type_vocab_size, hidden_size) if type_vocab_size > 0 else None
         )
         self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps) if layer_norm_eps else None
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self,
@@ -186,7 +209,7 @@ def explicit_attention(
     value: torch.Tensor,
     mask: torch.Tensor | None,
     is_causal: bool,
-    dropout: float,
+    dropout_p: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(QK^T / sqrt(d)) V written out: for when the caller wants the attention weights,
     and where it is faster than SDPA (written_out_is_faster)."""
@@ -196,7 +219,7 @@ def explicit_attention(
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
-    context = F.dropout(weights, p=dropout) @ value
+    context = dropout(weights, dropout_p) @ value
     return context, weights
 
 
@@ -242,7 +265,7 @@ class TransformerBlock(GradientCheckpointingLayer):
         self.attention_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
         self.feed_forward = FeedForward(hidden_size, intermediate_size, hidden_act)
         self.feed_forward_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
-        self.dropout = nn.Dropout(hidden_dropout)
+        self.dropout = Dropout(hidden_dropout)
 
     def forward(
         self,
