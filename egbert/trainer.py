@@ -48,7 +48,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -327,6 +327,18 @@ class EpochShuffleSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.length
+
+
+def loss_parts(outputs: Any) -> dict[str, torch.Tensor]:
+    """The loss and the parts a model reports beside it, its scalar `*_loss` fields (bert's
+    mlm_loss and nsp_loss, elmo's forward_loss and backward_loss, ...), detached: the training
+    log shows each."""
+    parts = {"loss": outputs.loss.detach().float()}
+    fields = outputs.items() if isinstance(outputs, Mapping) else ()  # a ModelOutput is one
+    for name, value in fields:
+        if name.endswith("_loss") and torch.is_tensor(value) and value.dim() == 0:
+            parts[name] = value.detach().float()
+    return parts
 
 
 def count_tokens(batch: dict[str, Any]) -> int:
@@ -652,7 +664,7 @@ class Trainer:
         return TrainOutput(state.step, state.epoch, state.elapsed_seconds, metrics, interrupted)
 
     def _train_loop(self, progress: tqdm) -> None:
-        self._window = {"loss": 0.0, "steps": 0, "tokens": 0, "start": self.state.elapsed_seconds}
+        self._window = self._new_window(start=self.state.elapsed_seconds)
         self._clock = time.perf_counter()
         while not self._finished() and self._epochs_left():
             if not self._train_epoch(progress):
@@ -727,22 +739,26 @@ class Trainer:
         """Forward and backward over `group` (accumulated), then one update unless the loss is
         not finite on some process (then False)."""
         self.model.train()
-        losses, tokens = [], 0
+        batch_losses, tokens = [], 0
         for index, batch in enumerate(group):
             last = index == len(group) - 1
             with nullcontext() if last else self.accelerator.no_sync(self.model):
-                loss = self.model(**batch).loss
-                if loss is None:
+                outputs = self.model(**batch)
+                if outputs.loss is None:
                     raise TrainingError("the model returned no loss; the batches need labels")
-                self.accelerator.backward(loss / len(group))
-            losses.append(loss.detach().float())
+                self.accelerator.backward(outputs.loss / len(group))
+            batch_losses.append(loss_parts(outputs))
             tokens += count_tokens(batch)
         now = time.perf_counter()
         self.state.elapsed_seconds += now - self._clock
         self._clock = now
-        loss, tokens, finite = self._sync_step(torch.stack(losses).mean(), tokens)
+        means = {
+            name: torch.stack([losses[name] for losses in batch_losses]).mean()
+            for name in batch_losses[0]
+        }
+        means, tokens, finite = self._sync_step(means, tokens)
         if not finite:
-            self._skip_nonfinite_step(loss)
+            self._skip_nonfinite_step(means["loss"])
             return False
         if self.args.max_grad_norm > 0:
             self.accelerator.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
@@ -752,31 +768,37 @@ class Trainer:
         self.state.step += 1
         self.state.tokens_seen += tokens
         self.scheduler.step()  # the multiplier reads state.step / elapsed_seconds, both updated
-        self._window["loss"] += loss
+        sums = self._window["losses"]
+        for name, value in means.items():
+            sums[name] = sums.get(name, 0.0) + value
         self._window["steps"] += 1
         self._window["tokens"] += tokens
         return True
 
-    def _sync_step(self, loss: torch.Tensor, tokens: int) -> tuple[float, int, bool]:
-        """One collective per step so that every process agrees on the mean loss, the token
+    def _sync_step(
+        self, losses: dict[str, torch.Tensor], tokens: int
+    ) -> tuple[dict[str, float], int, bool]:
+        """One collective per step so that every process agrees on the mean losses, the token
         count, whether to skip (non-finite loss), whether to stop (a signal reached one of them)
         and the elapsed time (the budget schedule must give every replica the same lr)."""
+        loss = losses["loss"].item()
         local = torch.tensor(
             [
-                loss.item(),
                 float(tokens),
-                float(not math.isfinite(loss.item())),
+                float(not math.isfinite(loss)),
                 float(self._signal_received is not None),
                 self.state.elapsed_seconds,
+                *(value.item() for value in losses.values()),
             ],
             dtype=torch.float64,
             device=self.accelerator.device,
         )
-        every = self.accelerator.gather(local.unsqueeze(0)).cpu()  # (processes, 5)
-        self.state.elapsed_seconds = float(every[:, 4].max())
+        every = self.accelerator.gather(local.unsqueeze(0)).cpu()  # (processes, 4 + losses)
+        self.state.elapsed_seconds = float(every[:, 3].max())
         # Only this agreed flag stops the run, so all processes leave the loop at the same step.
-        self._stopping = self._stopping or bool(every[:, 3].max() > 0)
-        return float(every[:, 0].mean()), int(every[:, 1].sum()), not every[:, 2].max() > 0
+        self._stopping = self._stopping or bool(every[:, 2].max() > 0)
+        means = dict(zip(losses, every[:, 4:].mean(dim=0).tolist(), strict=True))
+        return means, int(every[:, 0].sum()), not every[:, 1].max() > 0
 
     def _skip_nonfinite_step(self, loss: float) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -810,12 +832,18 @@ class Trainer:
             self.save_checkpoint()
         self._clock += time.perf_counter() - paused_at
 
+    @staticmethod
+    def _new_window(start: float) -> dict[str, Any]:
+        """What the next training log line averages: loss sums by name, steps, tokens."""
+        return {"losses": {}, "steps": 0, "tokens": 0, "start": start}
+
     def _log_training(self, progress: tqdm) -> None:
         window, now = self._window, self.state.elapsed_seconds  # training time only
+        losses = {name: total / window["steps"] for name, total in window["losses"].items()}
         record = {
             "step": self.state.step,
             "epoch": self.state.epoch,
-            "loss": window["loss"] / window["steps"],
+            **losses,
             "lr": self._last_lr,
             "tokens_per_s": window["tokens"] / max(now - window["start"], 1e-9),
             "elapsed_s": round(self.state.elapsed_seconds, 3),
@@ -826,7 +854,7 @@ class Trainer:
             tok_s=f"{record['tokens_per_s']:.0f}",
         )
         self._write_metrics(record, prefix="train")
-        self._window = {"loss": 0.0, "steps": 0, "tokens": 0, "start": now}
+        self._window = self._new_window(start=now)
 
     # ------------------------------------------------------------ evaluation
 

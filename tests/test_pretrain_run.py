@@ -61,28 +61,39 @@ def pretrain_argv(family: str, tokenizer: Path, train: Path, out: Path, *extra: 
     ]  # fmt: skip
 
 
-def eval_records(out: Path) -> list[dict]:
+def split_records(out: Path, split: str) -> list[dict]:
     lines = (out / "metrics.jsonl").read_text().splitlines()
-    return [record for record in map(json.loads, lines) if record["split"] == "eval"]
+    return [record for record in map(json.loads, lines) if record["split"] == split]
 
 
 @pytest.mark.parametrize(
-    ("family", "metrics"),
+    ("family", "options", "metrics", "loss_parts"),
     [
-        ("bert", {"loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy"}),
-        ("gpt", {"loss", "perplexity"}),
-        ("elmo", {"loss", "forward_perplexity", "backward_perplexity", "perplexity"}),
+        (
+            "bert",
+            [],
+            {"loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy"},
+            {"mlm_loss": 1, "nsp_loss": 1},
+        ),
+        ("gpt", [], {"loss", "perplexity"}, {}),
+        (
+            "elmo",
+            [],
+            {"loss", "forward_perplexity", "backward_perplexity", "perplexity"},
+            {"forward_loss": 0.5, "backward_loss": 0.5},
+        ),
     ],
 )
 def test_tiny_preset_pretrains_and_validation_loss_falls(
-    family, metrics, corpus, tiny_tokenizer_dir, tmp_path
+    family, options, metrics, loss_parts, corpus, tiny_tokenizer_dir, tmp_path
 ):
     out = tmp_path / family
     extra = ["--validation-files", str(corpus["valid"]), "--max-steps", "36", "--lr", "2e-3"]
+    extra += options
     extra += ["--label-smoothing", "0.1"]  # trains with it; the saved config keeps 0.0
     main(pretrain_argv(family, tiny_tokenizer_dir, corpus["train"], out, *extra,
                        "--eval-every", "12", "--warmup-steps", "0.1"))  # fmt: skip
-    evals = eval_records(out)
+    evals = split_records(out, "eval")
     assert [record["step"] for record in evals] == [12, 24, 36]
     assert metrics <= set(evals[-1])
     # gpt falls ~0.09-0.15 here: the tiny tokenizer's ids change from one training to the next
@@ -90,6 +101,12 @@ def test_tiny_preset_pretrains_and_validation_loss_falls(
     assert evals[-1]["loss"] < evals[0]["loss"] - 0.05, [record["loss"] for record in evals]
     if family == "gpt":
         assert evals[-1]["perplexity"] == pytest.approx(math.exp(evals[-1]["loss"]))
+    # the training log shows the parts of the loss beside it
+    train = split_records(out, "train")
+    assert {name for name in train[-1] if name.endswith("loss")} == {"loss", *loss_parts}
+    for record in train:
+        total = sum(weight * record[name] for name, weight in loss_parts.items())
+        assert record["loss"] == pytest.approx(total if loss_parts else record["loss"], rel=1e-5)
     model = AutoModel.from_pretrained(out)
     assert model.config.model_type == f"egbert-{family}" and model.config.label_smoothing == 0.0
     assert len(AutoTokenizer.from_pretrained(out)) == model.config.vocab_size == 1000
