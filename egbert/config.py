@@ -20,6 +20,7 @@ from transformers import HfArgumentParser
 from egbert.errors import ConfigError
 
 MODEL_FAMILIES = ("bert", "gpt", "elmo")
+BERT_OBJECTIVES = ("mlm", "rtd")
 DOC_BOUNDARIES = ("blank", "wikitext", "line", "file")
 
 
@@ -74,6 +75,16 @@ class PretrainArguments:
     )
     seq_len: int = field(default=128, metadata={"help": "tokens per example"})
     nsp: bool = field(default=True, metadata={"help": "bert: next-sentence prediction pairs"})
+    objective: str = field(
+        default="mlm",
+        metadata={
+            "help": "bert: mlm (masked LM, BERT) or rtd (replaced token detection, ELECTRA: a "
+            "small generator fills the masks and the encoder learns which tokens it replaced; "
+            "the generator's size and loss weight are the model config's generator_size_ratio "
+            "and rtd_loss_weight; needs --nsp false)",
+            "choices": list(BERT_OBJECTIVES),
+        },
+    )
     mlm_probability: float = field(default=0.15, metadata={"help": "bert: share of masked tokens"})
     whole_word_mask: bool = field(default=False, metadata={"help": "bert: mask whole words"})
     dupe_factor: int = field(
@@ -91,6 +102,15 @@ class PretrainArguments:
     def __post_init__(self) -> None:
         if self.model not in MODEL_FAMILIES:
             raise ConfigError(f"unknown --model {self.model!r}; use one of {MODEL_FAMILIES}")
+        if self.objective not in BERT_OBJECTIVES:
+            raise ConfigError(
+                f"unknown --objective {self.objective!r}; use one of {BERT_OBJECTIVES}"
+            )
+        if self.objective == "rtd" and (self.model != "bert" or self.nsp):
+            raise ConfigError(
+                "--objective rtd pretrains a bert encoder without next-sentence prediction; "
+                "use it with --model bert --nsp false"
+            )
         if self.seq_len < 8:
             raise ConfigError(f"--seq-len must be at least 8, got {self.seq_len}")
         if not 0 < self.mlm_probability < 1:

@@ -478,25 +478,29 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def loss_curve(run_dir: Path) -> list[tuple[float, float]]:
     """(minutes of training, training loss) as the run logged them: the stock script's
-    loss_curve.jsonl, or the train records of egbert's metrics.jsonl."""
+    loss_curve.jsonl, or the train records of egbert's metrics.jsonl (curve_loss's field)."""
     if (run_dir / "loss_curve.jsonl").is_file():
         return [(r["minutes"], r["loss"]) for r in read_jsonl(run_dir / "loss_curve.jsonl")]
     records = read_jsonl(run_dir / "metrics.jsonl")
-    return [(r["elapsed_s"] / 60, r["loss"]) for r in records if r.get("split") == "train"]
+    field = curve_loss(run_dir)[0]
+    return [(r["elapsed_s"] / 60, r[field]) for r in records if r.get("split") == "train"]
 
 
 LOSS_NAMES = {"gpt": "causal LM", "elmo": "mean of forward and backward LM"}
 
 
-def loss_name(run_dir: Path) -> str:
-    """What the logged loss is: egbert's bert with NSP logs MLM + NSP, the stock recipe MLM."""
+def curve_loss(run_dir: Path) -> tuple[str, str]:
+    """Which logged loss the curve shows and its name: the loss, except with replaced token
+    detection, whose loss weighs the detection 50 times: there the generator's MLM loss."""
     args_file = run_dir / "pretrain_args.json"
     if not args_file.is_file():
-        return "MLM"
+        return "loss", "MLM"
     pretrain_args = json.loads(args_file.read_text(encoding="utf-8"))["pretrain"]
     if pretrain_args["model"] in LOSS_NAMES:
-        return LOSS_NAMES[pretrain_args["model"]]
-    return "MLM + NSP" if pretrain_args["nsp"] else "MLM"
+        return "loss", LOSS_NAMES[pretrain_args["model"]]
+    if pretrain_args.get("objective") == "rtd":
+        return "generator_loss", "generator's MLM"
+    return "loss", "MLM + NSP" if pretrain_args["nsp"] else "MLM"
 
 
 def pretraining_summary(run_dir: Path) -> dict[str, Any]:
@@ -508,7 +512,9 @@ def pretraining_summary(run_dir: Path) -> dict[str, Any]:
     else:
         summary = {k: v for k, v in quickstart.pretraining_summary(run_dir).items() if k != "eval"}
     final_loss = curve[-1][1] if curve else None
-    return summary | {"loss": loss_name(run_dir), "final_loss": final_loss} | read_sitting(run_dir)
+    return (
+        summary | {"loss": curve_loss(run_dir)[1], "final_loss": final_loss} | read_sitting(run_dir)
+    )
 
 
 def pretraining_table(summaries: dict[str, dict[str, Any]]) -> str:
@@ -571,7 +577,7 @@ def plot_loss_curves(path: Path, run_dirs: dict[str, Path]) -> None:
         if curve:
             minutes, losses = zip(*curve, strict=True)
             style = "-" if label in (STOCK, EGBERT) else "--"
-            axes.plot(minutes, losses, style, label=f"{label} ({loss_name(run_dir)})")
+            axes.plot(minutes, losses, style, label=f"{label} ({curve_loss(run_dir)[1]})")
     axes.set_xlabel("minutes of training")
     axes.set_ylabel("training loss")
     axes.legend(fontsize="small")

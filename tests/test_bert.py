@@ -22,8 +22,12 @@ from egbert.models.bert import (
     EgbertBertConfig,
     EgbertBertForMaskedLM,
     EgbertBertForPreTraining,
+    EgbertBertForReplacedTokenDetection,
     EgbertBertModel,
+    generator_config,
+    sample_tokens,
 )
+from egbert.models.heads import EgbertBertForSequenceClassification
 from egbert.models.layers import local_attention_offsets
 
 CONFIGS = Path(__file__).resolve().parents[1] / "egbert" / "configs"
@@ -180,6 +184,93 @@ def test_pretraining_loss_is_the_sum_of_mlm_and_nsp() -> None:
     only_mlm = model(**batch, labels=labels)
     assert only_mlm.nsp_loss is None
     torch.testing.assert_close(only_mlm.loss, mlm)
+
+
+def corrupted_input(model: EgbertBertForReplacedTokenDetection) -> list[torch.Tensor]:
+    """Records the ids the encoder reads in the model's next forward passes."""
+    seen: list[torch.Tensor] = []
+    model.bert.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    return seen
+
+
+def test_replaced_token_detection_targets_the_generators_replacements() -> None:
+    torch.manual_seed(0)
+    model = EgbertBertForReplacedTokenDetection(tiny_config(rtd_loss_weight=7.0))
+    batch = random_batch(length=16)
+    original = batch["input_ids"]
+    labels = mlm_labels(original)
+    masked = original.masked_fill(labels != -100, 4)  # the collator's [MASK]
+    attention_mask = torch.ones_like(original)
+    attention_mask[0, 12:] = 0
+    encoder_input = corrupted_input(model)
+    output = model(masked, attention_mask, batch["token_type_ids"], labels=labels)
+
+    corrupted = encoder_input[0]
+    unlabelled = labels == -100
+    assert torch.equal(corrupted[unlabelled], original[unlabelled])
+    assert torch.equal(output.replaced, corrupted != original)
+    assert not output.replaced[unlabelled].any()
+    # an untrained generator samples nearly uniformly: it replaces most masked positions
+    assert output.replaced[~unlabelled].float().mean() > 0.8
+    real = attention_mask.bool()
+    expected = F.binary_cross_entropy_with_logits(
+        output.logits[real], output.replaced[real].float()
+    )
+    torch.testing.assert_close(output.rtd_loss, expected)
+    torch.testing.assert_close(output.loss, output.generator_loss + 7.0 * output.rtd_loss)
+
+    output.rtd_loss.backward()  # the samples carry no gradient back to the generator
+    assert model.bert.layers[0].attention.qkv.weight.grad.abs().sum() > 0
+    assert all(parameter.grad is None for parameter in model.generator.parameters())
+    output.generator_loss.backward()
+    assert model.generator.bert.layers[0].attention.qkv.weight.grad.abs().sum() > 0
+
+
+def test_replaced_token_detection_checkpoint_fine_tunes_its_encoder(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = EgbertBertForReplacedTokenDetection(tiny_config(local_attention_init=True))
+    model.save_pretrained(tmp_path)
+    reloaded = EgbertBertForReplacedTokenDetection.from_pretrained(tmp_path)
+    generator = reloaded.generator
+    assert generator.mlm_head.decoder.weight is generator.bert.embeddings.word_embeddings.weight
+    for name, saved in model.state_dict().items():
+        assert torch.equal(saved, reloaded.state_dict()[name]), name
+    classifier = EgbertBertForSequenceClassification.from_pretrained(tmp_path, num_labels=2)
+    encoder = classifier.bert.state_dict()
+    for name, saved in model.bert.state_dict().items():
+        assert torch.equal(saved, encoder[name]), name
+    no_labels = reloaded(**random_batch())
+    assert no_labels.loss is None and no_labels.logits.shape == (3, 12)
+
+
+def test_sampled_tokens_follow_the_softmax_of_the_logits() -> None:
+    torch.manual_seed(0)
+    probabilities = torch.tensor([[0.7, 0.2, 0.1, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
+    logits = probabilities.log().repeat_interleave(20000, dim=0)  # 0 -> -inf: never drawn
+    samples = sample_tokens(logits).reshape(2, 20000)
+    for row, expected in enumerate(probabilities):
+        frequencies = torch.bincount(samples[row], minlength=5) / 20000
+        torch.testing.assert_close(frequencies, expected, atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("size", "ratio", "generator"),
+    [((256, 4, 1024), 0.25, (64, 1, 256)), ((768, 12, 3072), 0.25, (192, 3, 768)),
+     ((128, 2, 512), 0.25, (64, 1, 256)), ((256, 4, 1024), 0.5, (128, 2, 512))],
+)  # fmt: skip
+def test_the_generator_keeps_the_head_size_at_a_share_of_the_heads(size, ratio, generator) -> None:
+    hidden, heads, intermediate = size
+    config = tiny_config(
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        generator_size_ratio=ratio,
+    )
+    small = generator_config(config)
+    assert (small.hidden_size, small.num_attention_heads, small.intermediate_size) == generator
+    assert small.vocab_size == config.vocab_size and small.num_hidden_layers == 2
+    with pytest.raises(ConfigError, match="generator_size_ratio must be in"):
+        tiny_config(generator_size_ratio=0.0)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients() -> None:

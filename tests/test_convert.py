@@ -19,7 +19,12 @@ from transformers import (
 
 from egbert.cli import main as cli
 from egbert.errors import CheckpointError
-from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining, EgbertBertModel
+from egbert.models.bert import (
+    EgbertBertConfig,
+    EgbertBertForPreTraining,
+    EgbertBertForReplacedTokenDetection,
+    EgbertBertModel,
+)
 from egbert.models.convert import (
     bert_from_transformers,
     bert_to_transformers,
@@ -192,6 +197,20 @@ def test_egbert_pretraining_checkpoint_converts_to_stock(tmp_path: Path) -> None
     stock = convert_checkpoint(tmp_path / "egbert", tmp_path / "stock", to_transformers=True)
     assert isinstance(stock, BertForPreTraining)
     assert isinstance(BertForPreTraining.from_pretrained(tmp_path / "stock"), BertForPreTraining)
+
+
+def test_replaced_token_detection_checkpoint_converts_its_encoder(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    config = EgbertBertConfig(**TINY_BERT, hidden_dropout_prob=0.0)
+    electra = EgbertBertForReplacedTokenDetection(config).eval()
+    electra.save_pretrained(tmp_path / "egbert")
+    convert_checkpoint(tmp_path / "egbert", tmp_path / "stock", to_transformers=True)
+    stock = BertModel.from_pretrained(tmp_path / "stock", add_pooling_layer=False).eval()
+    input_ids, attention_mask = padded_batch(config.vocab_size)
+    with torch.no_grad():
+        expected = electra.bert(input_ids, attention_mask).last_hidden_state
+        actual = stock(input_ids, attention_mask).last_hidden_state
+    assert_close_where_real(actual, expected, attention_mask)
 
 
 def test_pre_layernorm_bert_cannot_become_stock_bert(tmp_path: Path) -> None:

@@ -75,6 +75,12 @@ def split_records(out: Path, split: str) -> list[dict]:
             {"loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy"},
             {"mlm_loss": 1, "nsp_loss": 1},
         ),
+        (
+            "bert",
+            ["--objective", "rtd", "--nsp", "false"],
+            {"loss", "generator_mlm_loss", "rtd_loss", "rtd_accuracy", "replaced_share"},
+            {"generator_loss": 1, "rtd_loss": 50},
+        ),
         ("gpt", [], {"loss", "perplexity"}, {}),
         (
             "elmo",
@@ -134,6 +140,11 @@ def test_bad_options_end_with_one_line(corpus, tiny_tokenizer_dir, tmp_path, cap
     assert "hidden_size (30) must be divisible by num_attention_heads (4)" in message
     message = _one_line_error([*args, "--preset", "huge"], capsys)
     assert "unknown gpt preset 'huge'; use one of base, mini, small, tiny" in message
+    message = _one_line_error([*args, "--objective", "rtd"], capsys)
+    assert "--objective rtd pretrains a bert encoder without next-sentence prediction" in message
+    bert = pretrain_argv("bert", tiny_tokenizer_dir, corpus["short"], tmp_path / "run")
+    message = _one_line_error([*bert, "--objective", "rtd"], capsys)
+    assert "use it with --model bert --nsp false" in message
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 

@@ -3,8 +3,11 @@
 Devlin et al. 2019: token + position + segment embeddings, a stack of post-LN transformer blocks
 with bidirectional self-attention, a tanh pooler over [CLS], a masked-LM head tied to the input
 embeddings and a next-sentence-prediction head over the pooled [CLS]. Options beyond BERT: fixed
-sinusoidal positions, pre-LN blocks, MLM logits computed only where there is a label, and heads
-that start out attending to fixed neighbours (local_attention_init).
+sinusoidal positions, pre-LN blocks, MLM logits computed only where there is a label, heads
+that start out attending to fixed neighbours (local_attention_init), and ELECTRA's pretraining
+(Clark et al. 2020, replaced token detection): a small masked-LM generator fills the masked
+positions with its samples and the encoder learns, at every position, whether the token is the
+original one.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from transformers import (
 from transformers.modeling_outputs import BaseModelOutputWithPooling, MaskedLMOutput
 from transformers.utils import ModelOutput
 
+from egbert.errors import ConfigError
 from egbert.models.layers import (
     ACTIVATIONS,
     Embeddings,
@@ -61,10 +65,20 @@ class EgbertBertConfig(PretrainedConfig):
     local_attention_init: bool = False  # start each head on a fixed neighbour (layers.py)
     label_smoothing: float = 0.0
     tie_word_embeddings: bool = True
+    # Replaced token detection only (EgbertBertForReplacedTokenDetection): the generator's width
+    # and heads as a share of the encoder's (ELECTRA found 1/4 to 1/2 best), and the weight of
+    # the detection loss next to the generator's MLM loss (ELECTRA's lambda)
+    generator_size_ratio: float = 0.25
+    rtd_loss_weight: float = 50.0
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         check_transformer_config(self)
+        if not 0 < self.generator_size_ratio <= 1:
+            raise ConfigError(
+                f"EgbertBertConfig: generator_size_ratio must be in (0, 1], got "
+                f"{self.generator_size_ratio}; ELECTRA uses 0.25 to 0.5"
+            )
 
 
 class EgbertBertPreTrainedModel(PreTrainedModel):
@@ -337,6 +351,148 @@ class EgbertBertForMaskedLM(EgbertBertPreTrainedModel):
             attentions=encoded.attentions,
         )
         return output if _default(return_dict, self.config.return_dict) else output.to_tuple()
+
+
+def generator_config(config: EgbertBertConfig) -> EgbertBertConfig:
+    """Replaced token detection's generator: the encoder's config with generator_size_ratio of
+    its heads (of the same size), so of its width and feed-forward size too."""
+    head_size = config.hidden_size // config.num_attention_heads
+    heads = max(1, round(config.num_attention_heads * config.generator_size_ratio))
+    scale = heads / config.num_attention_heads
+    return EgbertBertConfig.from_dict(
+        config.to_dict()
+        | {
+            "hidden_size": heads * head_size,
+            "num_attention_heads": heads,
+            "intermediate_size": max(1, round(config.intermediate_size * scale)),
+        }
+    )
+
+
+def sample_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """One token id per row of (rows, vocab) logits, drawn from their softmax by inverting its
+    cumulative sum at a uniform draw: one random number a row, where torch.multinomial draws one
+    per vocabulary entry (on a CPU a third of a mini RTD step). The samples are the encoder's
+    data, not a path for gradients, as in ELECTRA."""
+    cumulative = logits.softmax(dim=-1).cumsum(dim=-1)  # (rows, vocab)
+    draws = torch.rand(logits.shape[0], 1, device=logits.device) * cumulative[:, -1:]
+    return torch.searchsorted(cumulative, draws).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+
+
+class ReplacedTokenHead(nn.Module):
+    """ELECTRA's discriminator head: dense + activation, then one logit per position."""
+
+    def __init__(self, config: EgbertBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.prediction = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, hidden) -> (batch, seq) logits of "this token was replaced"."""
+        return self.prediction(self.activation(self.dense(hidden_states))).squeeze(-1)
+
+
+@dataclass
+class EgbertBertForReplacedTokenDetectionOutput(ModelOutput):
+    """loss = generator_loss + rtd_loss_weight * rtd_loss; `replaced` is the detection target
+    (where the generator's sample differs from the original token)."""
+
+    loss: torch.Tensor | None = None
+    generator_loss: torch.Tensor | None = None
+    rtd_loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    replaced: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class EgbertBertForReplacedTokenDetection(EgbertBertPreTrainedModel):
+    """ELECTRA's pretraining: a small masked-LM generator (generator_config) predicts the masked
+    positions, its samples take their place, and the encoder tells apart, at every real position,
+    the original tokens from the replaced ones. Learning from every position instead of the
+    masked share makes it more sample-efficient than MLM. Fine-tuning reads the encoder (`bert.`);
+    the generator and the detection head are for pretraining only."""
+
+    _tied_weights_keys = {
+        "generator.mlm_head.decoder.weight": "generator.bert.embeddings.word_embeddings.weight"
+    }
+
+    def __init__(self, config: EgbertBertConfig):
+        super().__init__(config)
+        self.bert = EgbertBertModel(config, add_pooling_layer=False)
+        self.rtd_head = ReplacedTokenHead(config)
+        self.generator = EgbertBertForMaskedLM(generator_config(config))
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> EgbertBertForReplacedTokenDetectionOutput | tuple:
+        """With MLM `labels` (the collator's masks), the generator fills the masked positions
+        first and the losses are computed; without, the encoder reads `input_ids` as they are."""
+        corrupted, replaced, generator_loss = input_ids, None, None
+        if labels is not None:
+            corrupted, replaced, generator_loss = self.replace_masked_tokens(
+                input_ids, attention_mask, token_type_ids, position_ids, labels
+            )
+        encoded = self.bert(
+            corrupted,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+        )
+        logits = self.rtd_head(encoded.last_hidden_state)  # (batch, seq)
+        loss = rtd_loss = None
+        if replaced is not None:
+            real = torch.ones_like(replaced) if attention_mask is None else attention_mask.bool()
+            rtd_loss = F.binary_cross_entropy_with_logits(
+                logits[real].float(), replaced[real].float()
+            )
+            loss = generator_loss + self.config.rtd_loss_weight * rtd_loss
+        output = EgbertBertForReplacedTokenDetectionOutput(
+            loss=loss,
+            generator_loss=generator_loss,
+            rtd_loss=rtd_loss,
+            logits=logits,
+            replaced=replaced,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
+        )
+        return output if _default(return_dict, self.config.return_dict) else output.to_tuple()
+
+    def replace_masked_tokens(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        labels: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The original tokens with each labelled position replaced by a sample of the
+        generator's prediction there, where that sample differs from the original (both
+        (batch, seq)), and the generator's MLM loss."""
+        selected = labels != -100
+        generator = self.generator
+        hidden = generator.bert(input_ids, attention_mask, token_type_ids, position_ids)[0]
+        logits = generator.mlm_head(hidden[selected]).float()  # (masked positions, vocab)
+        generator_loss = F.cross_entropy(
+            logits, labels[selected], label_smoothing=self.config.label_smoothing
+        )
+        samples = sample_tokens(logits.detach())
+        original = torch.where(selected, labels, input_ids)
+        corrupted = original.masked_scatter(selected, samples)
+        return corrupted, corrupted != original, generator_loss
 
 
 def _default(value: bool | None, config_value: bool | None) -> bool:

@@ -400,6 +400,9 @@ EGBERT_CLASSES = {
         EgbertGPTForCausalLM,
     )
 }
+# Pretraining classes whose encoder alone has a stock counterpart: ELECTRA-style pretraining's
+# generator and detection head have none, so its checkpoint converts as a BertModel.
+ENCODER_OF = {"EgbertBertForReplacedTokenDetection": EgbertBertModel}
 DEFAULT_ARCHITECTURE = {
     "bert": "BertModel",
     "gpt2": "GPT2LMHeadModel",
@@ -424,13 +427,18 @@ def convert_checkpoint(
     source, target = Path(source), Path(target)
     architecture = read_architecture(source)
     if to_transformers:
-        if architecture not in EGBERT_CLASSES:
+        if architecture in ENCODER_OF:
+            model = load_pretrained(
+                ENCODER_OF[architecture], source, allow_pickle, add_pooling_layer=False
+            )
+        elif architecture in EGBERT_CLASSES:
+            model = load_pretrained(EGBERT_CLASSES[architecture], source, allow_pickle)
+        else:
             raise CheckpointError(
                 f"{source} holds a {architecture}, not an egbert model: --to-transformers "
-                f"converts egbert checkpoints ({', '.join(EGBERT_CLASSES)}); drop the flag to "
-                "convert to egbert"
+                f"converts egbert checkpoints ({', '.join([*EGBERT_CLASSES, *ENCODER_OF])}); "
+                "drop the flag to convert to egbert"
             )
-        model = load_pretrained(EGBERT_CLASSES[architecture], source, allow_pickle)
         is_bert = isinstance(model.config, EgbertBertConfig)
         converted = bert_to_transformers(model) if is_bert else gpt2_to_transformers(model)
     else:

@@ -6,8 +6,9 @@
 
 The output directory ends up with checkpoints/step-N/, metrics.jsonl, TensorBoard logs, and the
 model (model.safetensors + config.json) and tokenizer, loadable with `from_pretrained`.
-Evaluation reports, per family: bert MLM loss, MLM accuracy and NSP accuracy; gpt loss and
-perplexity; elmo forward, backward and mean perplexity.
+Evaluation reports, per family: bert MLM loss, MLM accuracy and NSP accuracy (with --objective
+rtd: the generator's MLM loss, the detection loss and accuracy, and the share of replaced tokens);
+gpt loss and perplexity; elmo forward, backward and mean perplexity.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from transformers import PreTrainedModel
 from egbert.checkpoints import load_pretrained, read_model_config
 from egbert.config import PretrainArguments, apply_config_overrides, load_preset, parse_args
 from egbert.errors import CheckpointError, ConfigError
-from egbert.models.bert import EgbertBertConfig, EgbertBertForMaskedLM, EgbertBertForPreTraining
+from egbert.models.bert import (
+    EgbertBertConfig,
+    EgbertBertForMaskedLM,
+    EgbertBertForPreTraining,
+    EgbertBertForReplacedTokenDetection,
+)
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 from egbert.pretrain import data
@@ -95,7 +101,9 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
         eval_set, eval_collator = build_examples(
             args, tokenizer, args.validation_files, training_args.seed
         )
-    compute_metrics, finalize_metrics = EVAL_METRICS[args.model]
+    compute_metrics, finalize_metrics = EVAL_METRICS[
+        "rtd" if args.objective == "rtd" else args.model
+    ]
     trainer = Trainer(
         model,
         training_args,
@@ -163,6 +171,8 @@ def _model_config(args: PretrainArguments, preset: dict[str, Any], tokenizer):
 
 
 def _model_class(args: PretrainArguments) -> type[PreTrainedModel]:
+    if args.model == "bert" and args.objective == "rtd":
+        return EgbertBertForReplacedTokenDetection
     if args.model == "bert":
         return EgbertBertForPreTraining if args.nsp else EgbertBertForMaskedLM
     return {"gpt": EgbertGPTForCausalLM, "elmo": EgbertElmoForBidirectionalLM}[args.model]
@@ -249,7 +259,7 @@ def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> di
     """What a resumed run must share with the original: model, tokenizer, data, example shape."""
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
     return {
-        "model": {"family": args.model, "nsp": args.nsp, **preset},
+        "model": {"family": args.model, "nsp": args.nsp, "objective": args.objective, **preset},
         "tokenizer": {
             "size": len(tokenizer),
             "vocab_sha256": hashlib.sha256(vocab.encode()).hexdigest()[:16],
@@ -304,6 +314,19 @@ def bert_metrics(batch: dict[str, torch.Tensor], outputs) -> dict[str, tuple[flo
     return metrics
 
 
+def rtd_metrics(batch: dict[str, torch.Tensor], outputs) -> dict[str, tuple[float, float]]:
+    n_masked = float((batch["labels"] != -100).sum())
+    real = batch["attention_mask"].bool()
+    n_real = float(real.sum())
+    correct = (outputs.logits[real] > 0) == outputs.replaced[real]
+    return {
+        "generator_mlm_loss": (outputs.generator_loss.item() * n_masked, n_masked),
+        "rtd_loss": (outputs.rtd_loss.item() * n_real, n_real),
+        "rtd_accuracy": (float(correct.sum()), n_real),
+        "replaced_share": (float(outputs.replaced[real].sum()), n_real),
+    }
+
+
 def _targets(batch: dict[str, torch.Tensor]) -> float:
     """Next-token targets: positions whose label and whose predecessor are real tokens."""
     real = batch["labels"] != -100
@@ -342,6 +365,7 @@ def elmo_perplexities(metrics: dict[str, float]) -> dict[str, float]:
 
 EVAL_METRICS = {
     "bert": (bert_metrics, None),
+    "rtd": (rtd_metrics, None),
     "gpt": (gpt_metrics, gpt_perplexity),
     "elmo": (elmo_metrics, elmo_perplexities),
 }
