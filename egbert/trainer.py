@@ -781,14 +781,14 @@ class Trainer:
         """One collective per step so that every process agrees on the mean losses, the token
         count, whether to skip (non-finite loss), whether to stop (a signal reached one of them)
         and the elapsed time (the budget schedule must give every replica the same lr)."""
-        loss = losses["loss"].item()
+        values = torch.stack(list(losses.values())).tolist()  # one device sync, not one a part
         local = torch.tensor(
             [
                 float(tokens),
-                float(not math.isfinite(loss)),
+                float(not math.isfinite(values[0])),  # "loss" comes first (loss_parts)
                 float(self._signal_received is not None),
                 self.state.elapsed_seconds,
-                *(value.item() for value in losses.values()),
+                *values,
             ],
             dtype=torch.float64,
             device=self.accelerator.device,
