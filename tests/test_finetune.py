@@ -125,6 +125,11 @@ def test_all_tasks_regression_and_table(
     )
     rows = read_predictions(out / "predictions" / "STS-B.tsv")
     assert len(rows) == SLICE["test.tsv"] + 1
+    labels = torch.tensor(read_glue_split(GLUE_TASKS["stsb"], "train", glue_slice)["label"])
+    config = json.loads((out / "stsb" / "config.json").read_text())
+    assert config["regression_target_mean"] == pytest.approx(labels.mean().item())
+    assert config["regression_target_std"] == pytest.approx(labels.std(unbiased=False).item())
+    assert "regression_target_mean" not in json.loads((out / "rte" / "config.json").read_text())
     assert all(float(score) == float(score) for _, score in rows[1:])  # numbers, not NaN
     assert (out / "predictions" / "RTE.tsv").is_file()
 

@@ -267,6 +267,36 @@ def test_regression_with_one_label_uses_mean_squared_error():
     torch.testing.assert_close(out.loss, F.mse_loss(out.logits[:, 0], labels))
 
 
+def test_a_regression_head_learns_standardized_targets_and_predicts_in_label_units():
+    stats = {"regression_target_mean": 3.0, "regression_target_std": 2.0}
+    model = tiny_classifier("bert", num_labels=1, **stats)
+    plain = tiny_classifier("bert", num_labels=1)  # the same weights, no label statistics
+    input_ids, attention_mask = padded_batch()
+    labels = torch.tensor([0.5, 4.0])
+    with torch.no_grad():
+        out = model(input_ids, attention_mask, labels=labels)
+        raw = plain(input_ids, attention_mask).logits
+    torch.testing.assert_close(out.logits, raw * 2.0 + 3.0)
+    torch.testing.assert_close(out.loss, F.mse_loss(raw[:, 0], (labels - 3.0) / 2.0))
+
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.zero_()
+        started = model(input_ids, attention_mask).logits
+    torch.testing.assert_close(started, torch.full((2, 1), 3.0))  # a fresh head starts at the mean
+
+
+def test_label_statistics_leave_classifiers_unchanged():
+    stats = {"regression_target_mean": 3.0, "regression_target_std": 2.0}
+    model = tiny_classifier("gpt", num_labels=3, **stats)
+    plain = tiny_classifier("gpt", num_labels=3)
+    input_ids, attention_mask = padded_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(input_ids, attention_mask).logits, plain(input_ids, attention_mask).logits
+        )
+
+
 def test_classification_loss_uses_the_configs_label_smoothing():
     model = tiny_classifier("gpt", num_labels=3, label_smoothing=0.1)
     input_ids, attention_mask = padded_batch()

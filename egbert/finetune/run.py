@@ -292,18 +292,32 @@ def encoding_fingerprint(
 # ---------------------------------------------------------------- model
 
 
-def load_classifier(model_dir: Path, task: Task, args: argparse.Namespace) -> PreTrainedModel:
+def label_statistics(train: datasets.Dataset, task: Task) -> dict[str, float]:
+    """A regression task's training-label mean and standard deviation, the config fields its
+    head standardizes its targets with (egbert/models/heads.py); none for a classifier."""
+    if not task.is_regression:
+        return {}
+    labels = np.asarray(train["label"], dtype=np.float64)
+    std = float(labels.std())
+    return {"regression_target_mean": float(labels.mean()), "regression_target_std": std or 1.0}
+
+
+def load_classifier(
+    model_dir: Path, task: Task, args: argparse.Namespace, label_stats: dict[str, float]
+) -> PreTrainedModel:
     """The model directory's backbone under a fresh classification head for the task; stock
     BERT / GPT-2 checkpoints are converted to egbert first so every head option works."""
     model_type = read_model_config(model_dir).get("model_type")
     if model_type in STOCK_MODEL_TYPES:
         with tempfile.TemporaryDirectory(prefix="egbert-convert-") as converted:
             convert_checkpoint(model_dir, converted, allow_pickle=args.allow_pickle)
-            return _classifier_from(Path(converted), task, args)
-    return _classifier_from(model_dir, task, args)
+            return _classifier_from(Path(converted), task, args, label_stats)
+    return _classifier_from(model_dir, task, args, label_stats)
 
 
-def _classifier_from(model_dir: Path, task: Task, args: argparse.Namespace) -> PreTrainedModel:
+def _classifier_from(
+    model_dir: Path, task: Task, args: argparse.Namespace, label_stats: dict[str, float]
+) -> PreTrainedModel:
     try:
         config = AutoConfig.from_pretrained(
             model_dir,
@@ -317,6 +331,10 @@ def _classifier_from(model_dir: Path, task: Task, args: argparse.Namespace) -> P
             f"cannot load a model config from {model_dir}: {first_line(error)}"
         ) from None
     apply_config_overrides(config, args.config_overrides)
+    for name, value in label_stats.items():
+        # A regression model fine-tuned further keeps the scale its head has learned in.
+        if getattr(config, name, None) is None:
+            setattr(config, name, value)
     config.classifier_features = args.features
     config.classifier_pool = args.pool
     config.classifier_layer_norm = args.layer_norm
@@ -437,7 +455,7 @@ def run_task(
         train = train.select(range(min(args.max_train_samples, len(train))))
     dev_names = [s for s in splits if s.startswith("validation")]
 
-    model = load_classifier(args.model, task, args)
+    model = load_classifier(args.model, task, args, label_statistics(train, task))
     tokenizer = load_task_tokenizer(args.model, model)
     max_length = sequence_length(args, model)
     train_set = tokenize(train, task, tokenizer, max_length, "train")

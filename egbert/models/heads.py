@@ -15,6 +15,13 @@ The head's options are plain config attributes (defaults in `HEAD_DEFAULTS`):
 - `freeze_backbone`: feature-based training; the backbone gets no gradient and no dropout.
 - `classifier_dropout`: dropout before the output layer (None: the backbone's hidden dropout).
 
+A regression head (one output, or `problem_type="regression"`) predicts standardized targets:
+its raw output is multiplied by the config's `regression_target_std` and shifted by
+`regression_target_mean` (`egbert finetune` sets both from the training labels; 1 and 0 when
+absent). Started at zero mean and unit scale, a head trained at fine-tuning's small learning
+rate no longer spends its first few hundred steps pulling its output towards the labels' mean:
+with the mean already there, what it learns is the variation around it.
+
 They can be given as keyword arguments too, as transformers users expect:
 `EgbertBertForSequenceClassification.from_pretrained(pretrained_dir, num_labels=3,
 classifier_features="last4-concat")` loads the pretrained encoder and stores the options in the
@@ -110,6 +117,28 @@ class ScalarMix(nn.Module):
         return self.gamma * torch.einsum("l,lbd->bd", weights, layers)
 
 
+def is_regression(config: PretrainedConfig) -> bool:
+    if config.problem_type is not None:
+        return config.problem_type == "regression"
+    return config.num_labels == 1
+
+
+def regression_target_stats(config: PretrainedConfig) -> tuple[float, float]:
+    """(mean, standard deviation) of the training labels, (0, 1) where the config has none."""
+    mean = getattr(config, "regression_target_mean", None)
+    std = getattr(config, "regression_target_std", None)
+    return (0.0 if mean is None else mean), (1.0 if std is None else std)
+
+
+def in_label_units(logits: torch.Tensor, config: PretrainedConfig) -> torch.Tensor:
+    """A regression head's standardized output in the units of its labels (unchanged for
+    classifiers)."""
+    if not is_regression(config):
+        return logits
+    mean, std = regression_target_stats(config)
+    return logits * std + mean
+
+
 def classification_loss(
     logits: torch.Tensor, labels: torch.Tensor, config: PretrainedConfig
 ) -> torch.Tensor:
@@ -123,10 +152,13 @@ def classification_loss(
         else:
             problem_type = "multi_label_classification"
     if problem_type == "regression":
-        targets = labels.to(logits.dtype)
+        # In standardized units, the scale the head learns in: the same loss for every label range.
+        mean, std = regression_target_stats(config)
+        predicted = (logits - mean) / std
+        targets = (labels.to(logits.dtype) - mean) / std
         if config.num_labels == 1:
-            return F.mse_loss(logits.squeeze(-1), targets.reshape(-1))
-        return F.mse_loss(logits, targets)
+            return F.mse_loss(predicted.squeeze(-1), targets.reshape(-1))
+        return F.mse_loss(predicted, targets)
     if problem_type == "single_label_classification":
         return F.cross_entropy(
             logits.reshape(-1, config.num_labels),
@@ -222,7 +254,8 @@ class EgbertSequenceClassifier(PreTrainedModel):
                 return_dict=True,
                 **self.backbone_options,
             )
-        logits = self.classifier(self.dropout(self.sentence_features(outputs, attention_mask)))
+        features = self.dropout(self.sentence_features(outputs, attention_mask))
+        logits = in_label_units(self.classifier(features), self.config)
         loss = None if labels is None else classification_loss(logits, labels, self.config)
         output = SequenceClassifierOutput(
             loss=loss,
