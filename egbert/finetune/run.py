@@ -33,6 +33,7 @@ from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
     DataCollatorWithPadding,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     set_seed,
@@ -292,32 +293,29 @@ def encoding_fingerprint(
 # ---------------------------------------------------------------- model
 
 
-def label_statistics(train: datasets.Dataset, task: Task) -> dict[str, float]:
+def set_label_statistics(config: PretrainedConfig, train: datasets.Dataset, task: Task) -> None:
     """A regression task's training-label mean and standard deviation, the config fields its
-    head standardizes its targets with (egbert/models/heads.py); none for a classifier."""
-    if not task.is_regression:
-        return {}
+    head standardizes its targets with (egbert/models/heads.py). A regression model fine-tuned
+    further keeps the ones its head has learned in."""
+    if not task.is_regression or getattr(config, "regression_target_mean", None) is not None:
+        return
     labels = np.asarray(train["label"], dtype=np.float64)
-    std = float(labels.std())
-    return {"regression_target_mean": float(labels.mean()), "regression_target_std": std or 1.0}
+    config.regression_target_mean = float(labels.mean())
+    config.regression_target_std = float(labels.std()) or 1.0
 
 
-def load_classifier(
-    model_dir: Path, task: Task, args: argparse.Namespace, label_stats: dict[str, float]
-) -> PreTrainedModel:
+def load_classifier(model_dir: Path, task: Task, args: argparse.Namespace) -> PreTrainedModel:
     """The model directory's backbone under a fresh classification head for the task; stock
     BERT / GPT-2 checkpoints are converted to egbert first so every head option works."""
     model_type = read_model_config(model_dir).get("model_type")
     if model_type in STOCK_MODEL_TYPES:
         with tempfile.TemporaryDirectory(prefix="egbert-convert-") as converted:
             convert_checkpoint(model_dir, converted, allow_pickle=args.allow_pickle)
-            return _classifier_from(Path(converted), task, args, label_stats)
-    return _classifier_from(model_dir, task, args, label_stats)
+            return _classifier_from(Path(converted), task, args)
+    return _classifier_from(model_dir, task, args)
 
 
-def _classifier_from(
-    model_dir: Path, task: Task, args: argparse.Namespace, label_stats: dict[str, float]
-) -> PreTrainedModel:
+def _classifier_from(model_dir: Path, task: Task, args: argparse.Namespace) -> PreTrainedModel:
     try:
         config = AutoConfig.from_pretrained(
             model_dir,
@@ -331,10 +329,6 @@ def _classifier_from(
             f"cannot load a model config from {model_dir}: {first_line(error)}"
         ) from None
     apply_config_overrides(config, args.config_overrides)
-    for name, value in label_stats.items():
-        # A regression model fine-tuned further keeps the scale its head has learned in.
-        if getattr(config, name, None) is None:
-            setattr(config, name, value)
     config.classifier_features = args.features
     config.classifier_pool = args.pool
     config.classifier_layer_norm = args.layer_norm
@@ -455,7 +449,8 @@ def run_task(
         train = train.select(range(min(args.max_train_samples, len(train))))
     dev_names = [s for s in splits if s.startswith("validation")]
 
-    model = load_classifier(args.model, task, args, label_statistics(train, task))
+    model = load_classifier(args.model, task, args)
+    set_label_statistics(model.config, train, task)
     tokenizer = load_task_tokenizer(args.model, model)
     max_length = sequence_length(args, model)
     train_set = tokenize(train, task, tokenizer, max_length, "train")

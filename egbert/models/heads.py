@@ -118,6 +118,7 @@ class ScalarMix(nn.Module):
 
 
 def is_regression(config: PretrainedConfig) -> bool:
+    """transformers' rule: the config's problem_type, else one output means regression."""
     if config.problem_type is not None:
         return config.problem_type == "regression"
     return config.num_labels == 1
@@ -130,42 +131,40 @@ def regression_target_stats(config: PretrainedConfig) -> tuple[float, float]:
     return (0.0 if mean is None else mean), (1.0 if std is None else std)
 
 
-def in_label_units(logits: torch.Tensor, config: PretrainedConfig) -> torch.Tensor:
-    """A regression head's standardized output in the units of its labels (unchanged for
-    classifiers)."""
+def in_label_units(head_output: torch.Tensor, config: PretrainedConfig) -> torch.Tensor:
+    """A regression head's standardized output in the units of its labels (a classifier's
+    logits unchanged)."""
     if not is_regression(config):
-        return logits
+        return head_output
     mean, std = regression_target_stats(config)
-    return logits * std + mean
+    return head_output * std + mean
 
 
 def classification_loss(
-    logits: torch.Tensor, labels: torch.Tensor, config: PretrainedConfig
+    head_output: torch.Tensor, labels: torch.Tensor, config: PretrainedConfig
 ) -> torch.Tensor:
-    """The loss transformers' sequence classifiers use, with the config's label smoothing."""
+    """The loss transformers' sequence classifiers use, with the config's label smoothing. A
+    regression head's output is taken as it comes, in standardized units, against standardized
+    labels: the same loss for every label range."""
+    if is_regression(config):
+        mean, std = regression_target_stats(config)
+        targets = (labels.to(head_output.dtype) - mean) / std
+        if config.num_labels == 1:
+            return F.mse_loss(head_output.squeeze(-1), targets.reshape(-1))
+        return F.mse_loss(head_output, targets)
     problem_type = config.problem_type
     if problem_type is None:
-        if config.num_labels == 1:
-            problem_type = "regression"
-        elif labels.dtype in (torch.long, torch.int):
+        if labels.dtype in (torch.long, torch.int):
             problem_type = "single_label_classification"
         else:
             problem_type = "multi_label_classification"
-    if problem_type == "regression":
-        # In standardized units, the scale the head learns in: the same loss for every label range.
-        mean, std = regression_target_stats(config)
-        predicted = (logits - mean) / std
-        targets = (labels.to(logits.dtype) - mean) / std
-        if config.num_labels == 1:
-            return F.mse_loss(predicted.squeeze(-1), targets.reshape(-1))
-        return F.mse_loss(predicted, targets)
     if problem_type == "single_label_classification":
         return F.cross_entropy(
-            logits.reshape(-1, config.num_labels),
+            head_output.reshape(-1, config.num_labels),
             labels.reshape(-1),
             label_smoothing=config.label_smoothing,
         )
-    return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+    return F.binary_cross_entropy_with_logits(head_output, labels.to(head_output.dtype))
 
 
 class EgbertSequenceClassifier(PreTrainedModel):
@@ -254,9 +253,9 @@ class EgbertSequenceClassifier(PreTrainedModel):
                 return_dict=True,
                 **self.backbone_options,
             )
-        features = self.dropout(self.sentence_features(outputs, attention_mask))
-        logits = in_label_units(self.classifier(features), self.config)
-        loss = None if labels is None else classification_loss(logits, labels, self.config)
+        head_output = self.classifier(self.dropout(self.sentence_features(outputs, attention_mask)))
+        loss = None if labels is None else classification_loss(head_output, labels, self.config)
+        logits = in_label_units(head_output, self.config)
         output = SequenceClassifierOutput(
             loss=loss,
             logits=logits,
