@@ -53,6 +53,8 @@ HEAD_DEFAULTS: dict[str, Any] = {
     "classifier_layer_norm": False,
     "freeze_backbone": False,
     "classifier_dropout": None,
+    "regression_target_mean": 0.0,
+    "regression_target_std": 1.0,
 }
 CLASSIFIER_FEATURES = ("cls", "last4-concat", "last4-sum", "scalar-mix")
 CLASSIFIER_POOLS = ("cls", "mean")
@@ -126,9 +128,8 @@ def is_regression(config: PretrainedConfig) -> bool:
 
 def regression_target_stats(config: PretrainedConfig) -> tuple[float, float]:
     """(mean, standard deviation) of the training labels, (0, 1) where the config has none."""
-    mean = getattr(config, "regression_target_mean", None)
-    std = getattr(config, "regression_target_std", None)
-    return (0.0 if mean is None else mean), (1.0 if std is None else std)
+    mean = head_option(config, "regression_target_mean")
+    return mean, head_option(config, "regression_target_std")
 
 
 def in_label_units(head_output: torch.Tensor, config: PretrainedConfig) -> torch.Tensor:
