@@ -13,9 +13,17 @@ export TOKENIZERS_PARALLELISM := false
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# torch first and pinned: a looser spec pulls a multi-GB CUDA build instead of the local CPU one.
+# torch goes in first, on its own, so that egbert's install keeps the build chosen here.
+# TORCH_SPEC pins the version; the index decides the build. From the default PyPI index on Linux
+# torch==2.13.0 is the CUDA build (several GB with its CUDA libraries); for the CPU-only build:
+#   make setup TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# The pin also keeps `make test` as CI runs it on this project's machines: their pip configuration
+# holds a local CPU wheel of torch 2.13.0, where a looser spec would pick a newer (CUDA) wheel.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet$(if $(TORCH_INDEX_URL), --index-url $(TORCH_INDEX_URL)) '$(TORCH_SPEC)'
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
