@@ -1,4 +1,6 @@
-"""Loading saved models safely: weights from safetensors, pickle files only when asked for.
+"""Saving and loading models and checkpoints safely.
+
+Loading: weights from safetensors, pickle files only when asked for.
 
 Unpickling a file (`pytorch_model.bin`, `*.pt`) can run any code its author put in it, so every
 egbert command that loads a model goes through `load_pretrained`: a directory with safetensors
@@ -6,18 +8,28 @@ weights loads as usual; one with only a pickle checkpoint is refused unless the 
 `--allow-pickle` (`allow_pickle=True`), and even then the file is read with
 `torch.load(weights_only=True)`, which rebuilds tensors and plain containers and nothing else.
 No loader in egbert lets a model directory bring its own Python code (transformers' remote-code
-option is never set).
+option is never set). A training run's directory stands for the model in its `model/` folder.
+
+Saving: checkpoints are written to a temporary folder, flushed to disk and renamed into place, so
+that a kill or a full disk never leaves a half-written one. Weights are written and read in a
+layout-independent way: cuDNN keeps an LSTM's weights as views into one flat buffer, which
+safetensors would otherwise take for tied copies of one tensor and drop (`untangled_state_dict`,
+`own_storage`).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +38,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
-from egbert.errors import CheckpointError
+from egbert.errors import CheckpointError, ConfigError
 
 SAFE_SUFFIXES = (".safetensors", ".safetensors.index.json")
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -37,6 +49,8 @@ ALLOW_PICKLE_HELP = (
     "also load a pickle checkpoint (pytorch_model.bin, *.pt) when the model directory has no "
     "safetensors weights, with torch.load(weights_only=True); only for files you trust"
 )
+# Where a training run puts its final model, beside its checkpoints and logs.
+RUN_MODEL_DIR = "model"
 # What loading a broken or mismatched checkpoint raises inside transformers and torch.
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, pickle.PickleError)
 
@@ -47,9 +61,19 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def resolve_model_dir(path: str | os.PathLike) -> Path:
+    """A model directory, or the training run directory that holds one as `model/` (what
+    `egbert pretrain` and `egbert finetune` write): the folder with the config.json."""
+    path = Path(path)
+    if not (path / "config.json").is_file() and (path / RUN_MODEL_DIR / "config.json").is_file():
+        return path / RUN_MODEL_DIR
+    return path
+
+
 def read_model_config(model_dir: str | os.PathLike) -> dict[str, Any]:
-    """The `config.json` of a saved model directory; CheckpointError if missing or unreadable."""
-    path = Path(model_dir)
+    """The `config.json` of a saved model directory (or of a run directory's model);
+    CheckpointError if missing or unreadable."""
+    path = resolve_model_dir(model_dir)
     config_file = path / "config.json"
     if not path.is_dir():
         raise CheckpointError(
@@ -88,7 +112,7 @@ def load_pretrained(
     `allow_pickle`; then it is read with `torch.load(weights_only=True)`. Any failure to load
     (damaged files, shapes that do not fit the config) is a one-line CheckpointError.
     """
-    path = Path(model_dir)
+    path = resolve_model_dir(model_dir)
     config = read_model_config(path)
     # config.json may itself name the weights file (transformers' `transformers_weights`).
     named = config.get("transformers_weights")
@@ -159,3 +183,306 @@ def _as_safetensors_dir(path: Path, pickled: Path) -> Iterator[Path]:
         tensors = {name: tensor.detach().clone().contiguous() for name, tensor in state.items()}
         save_file(tensors, converted / "model.safetensors", metadata={"format": "pt"})
         yield converted
+
+
+# ---------------------------------------------------------------- layout-independent weights
+
+
+def _layout(tensor: torch.Tensor) -> tuple:
+    return (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
+
+
+def _views_to_untangle(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple]:
+    """{name: layout} of the tensors that share a storage with a tensor of another layout
+    (cuDNN's flat LSTM weights); tensors sharing only with exact aliases (tied weights) are
+    left out, so they stay tied."""
+    by_storage: dict[tuple, list[str]] = {}
+    for name, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+            key = (tensor.device, tensor.untyped_storage().data_ptr())
+            by_storage.setdefault(key, []).append(name)
+    tangled = {}
+    for names in by_storage.values():
+        layouts = {name: _layout(tensors[name]) for name in names}
+        if len(set(layouts.values())) > 1:
+            tangled |= layouts
+    return tangled
+
+
+def untangled_state_dict(state_dict: Mapping[str, Any]) -> OrderedDict[str, Any]:
+    """The state dict with each tensor in a storage of its own, except tied weights, which stay
+    one tensor under several names (as `save_pretrained` expects).
+
+    safetensors writes one tensor per storage: for tensors that are views into one buffer,
+    as cuDNN keeps an LSTM's weights on a GPU, Accelerate's `save_state` dropped all but one
+    (16 of elmo's LSTM tensors were missing from its checkpoints) and `save_pretrained` refuses
+    them. Copies of those views are written instead; aliases of one view share its copy."""
+    tangled = _views_to_untangle(state_dict)
+    copies: dict[tuple, torch.Tensor] = {}
+    untangled = OrderedDict(state_dict)  # Accelerate removes tied duplicates from these only
+    for name, layout in tangled.items():
+        if layout not in copies:
+            copies[layout] = state_dict[name].detach().clone()
+        untangled[name] = copies[layout]
+    return untangled
+
+
+@contextmanager
+def own_storage(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, each of `model`'s parameters that is a view into a buffer shared with
+    others (cuDNN's flat LSTM weights) has a storage of its own, so that safetensors'
+    `load_model` (Accelerate's `load_state`) can load into it; afterwards the LSTMs go back to
+    cuDNN's flat layout. Elsewhere it changes nothing."""
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    tangled = _views_to_untangle(parameters)
+    copies: dict[tuple, torch.Tensor] = {}
+    for name, layout in tangled.items():
+        if layout not in copies:
+            copies[layout] = parameters[name].detach().clone()
+        parameters[name].data = copies[layout]
+    try:
+        yield
+    finally:
+        if tangled:
+            for module in model.modules():
+                if isinstance(module, torch.nn.RNNBase):
+                    module.flatten_parameters()
+
+
+# ---------------------------------------------------------------- atomic folders
+
+
+def fsync_tree(directory: Path) -> None:
+    """Flush every file of a freshly written folder to disk before it is renamed into place."""
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+    fsync_dir(directory)
+
+
+def fsync_dir(directory: Path) -> None:
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def remove_dir(directory: Path) -> None:
+    """Rename first so that a kill mid-delete never leaves a half-deleted folder behind."""
+    doomed = directory.with_name(f".tmp-delete-{directory.name}")
+    os.replace(directory, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def publish_dir(temp: Path, final: Path) -> None:
+    """Move a fully written `temp` folder to `final` (replacing a previous one) after flushing
+    it, so that `final` is always either the old folder or the whole new one."""
+    fsync_tree(temp)
+    if final.exists():
+        remove_dir(final)
+    os.replace(temp, final)
+    fsync_dir(final.parent)
+
+
+# ---------------------------------------------------------------- training checkpoints
+
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class TrainerState:
+    """Where a run stands; saved as JSON next to each checkpoint and restored on resume."""
+
+    step: int = 0  # optimizer updates done
+    epoch: int = 0
+    batches_in_epoch: int = 0  # batches (per process) of the current epoch already consumed
+    elapsed_seconds: float = 0.0  # training wall time, evaluation and saving excluded
+    tokens_seen: int = 0
+    skipped_nonfinite: int = 0
+    best_metric: float | None = None
+    best_step: int | None = None
+    best_metrics: dict[str, float] | None = None
+    run_config: dict[str, Any] = field(default_factory=dict)
+    config_hash: str = ""
+
+
+def checkpoints_in(folder: Path) -> list[tuple[int, Path]]:
+    """The complete checkpoints `step-N` of a folder, oldest first (a `step-N` exists only once
+    fully written: it is renamed into place)."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        prefix, _, number = path.name.partition("-")
+        if prefix == "step" and number.isdigit() and (path / STATE_FILE).is_file():
+            found.append((int(number), path))
+    return sorted(found)
+
+
+def write_error_reason(error: OSError) -> str:
+    return "disk full" if error.errno == errno.ENOSPC else error.strerror or str(error)
+
+
+class Checkpointer:
+    """A run's `checkpoints/step-N` folders through Accelerate's `save_state`/`load_state`:
+    written into a temp folder, flushed and renamed once every process has written its part,
+    the newest `keep` kept (Accelerate's own `total_limit` deletes the oldest before the new
+    one is written, so a full disk could leave none); loaded with `weights_only`."""
+
+    def __init__(self, accelerator: Any, folder: Path, keep: int) -> None:
+        self.accelerator = accelerator
+        self.folder = folder
+        self.keep = keep
+        # cuDNN's flat LSTM weights would lose all but one tensor in a checkpoint
+        accelerator.register_save_state_pre_hook(self._untangle)
+
+    @staticmethod
+    def _untangle(models: list, weights: list, folder: str) -> None:
+        weights[:] = [untangled_state_dict(state_dict) for state_dict in weights]
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint."""
+        found = checkpoints_in(self.folder)
+        return found[-1][1] if found else None
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Write `step-{step}` with the trainer's `state` as JSON; a failed write leaves the
+        previous checkpoints intact and raises a one-line CheckpointError."""
+        accelerator = self.accelerator
+        final = self.folder / f"step-{step}"
+        if final.is_dir():  # this very state is saved already (e.g. stopped right after resume)
+            return final
+        temp = self.folder / f".tmp-step-{step}"
+        if accelerator.is_main_process:
+            shutil.rmtree(temp, ignore_errors=True)
+            self.folder.mkdir(parents=True, exist_ok=True)
+        accelerator.wait_for_everyone()
+        ok = self._on_all_processes(lambda: accelerator.save_state(str(temp)))
+        if ok:  # every process has written its part: the main one publishes the whole
+            main = accelerator.is_main_process
+            ok = self._on_all_processes(lambda: main and self._publish(temp, final, state))
+        if not ok:
+            if accelerator.is_main_process:
+                shutil.rmtree(temp, ignore_errors=True)
+            previous = self.latest()
+            kept = f"the previous checkpoint {previous} is intact" if previous else "none kept"
+            raise CheckpointError(
+                f"could not write checkpoint {final}: {self._error}; free disk space or "
+                f"choose another --output-dir ({kept})"
+            )
+        if accelerator.is_main_process:
+            for _, path in checkpoints_in(self.folder)[: -self.keep]:
+                remove_dir(path)
+        accelerator.wait_for_everyone()
+        return final
+
+    def _on_all_processes(self, action: Any) -> bool:
+        """Run `action`, then agree across processes whether it worked everywhere (also a
+        barrier, so no process renames a checkpoint another one is still writing)."""
+        self._error = "another process failed to write its part"
+        failed = 0.0
+        try:
+            action()
+        except OSError as error:
+            self._error = write_error_reason(error)
+            failed = 1.0
+        flag = torch.tensor([failed], device=self.accelerator.device)
+        return not self.accelerator.reduce(flag, reduction="sum").item() > 0
+
+    def _publish(self, temp: Path, final: Path, state: dict[str, Any]) -> None:
+        with (temp / STATE_FILE).open("w", encoding="utf-8") as handle:
+            json.dump(state, handle, indent=2)
+        fsync_tree(temp)
+        os.replace(temp, final)
+        fsync_dir(self.folder)
+
+    def clean_leftovers(self, output_dir: Path) -> None:
+        """Remove the temp folders of a run killed while it saved a checkpoint or a model."""
+        if self.accelerator.is_main_process:
+            for folder in (self.folder, output_dir):
+                for leftover in folder.glob(".tmp-*"):
+                    shutil.rmtree(leftover, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+
+    def resume(
+        self, checkpoint: Path, model: torch.nn.Module, run_config: dict[str, Any], anyway: bool
+    ) -> dict[str, Any]:
+        """Restore weights, optimizer, scheduler and RNG from `checkpoint` and return the trainer
+        state saved with it, if the run config it was saved with is `run_config` (or `anyway`).
+        The optimizer, scheduler and RNG files are unpickled with weights_only, so no code a
+        stranger put in them runs."""
+        state = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+        differences = config_differences(state.get("run_config", {}), run_config)
+        if differences and not anyway:
+            raise ConfigError(
+                f"cannot resume from {checkpoint}: the run config changed ("
+                + "; ".join(differences)
+                + "); use the original options or pass --resume-anyway"
+            )
+        try:
+            with own_storage(model):
+                self.accelerator.load_state(str(checkpoint), load_kwargs={"weights_only": True})
+        except (pickle.UnpicklingError, RuntimeError, ValueError, KeyError) as error:
+            message = first_line(error)
+            raise CheckpointError(f"cannot load checkpoint {checkpoint}: {message}") from None
+        return state
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat |= _flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`field: old -> new` for every field that differs between two run configs."""
+    saved, current = _flatten(saved), _flatten(current)
+    return [
+        f"{key}: {saved.get(key, '(unset)')} -> {current.get(key, '(unset)')}"
+        for key in sorted(saved.keys() | current.keys())
+        if saved.get(key) != current.get(key)
+    ]
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def save_model_folder(
+    accelerator: Any,
+    model: torch.nn.Module,
+    target: Path,
+    write_extras: Any = None,
+) -> None:
+    """`save_pretrained` of a prepared (possibly wrapped or sharded) model into a folder beside
+    `target`, then moved over it on the main process: a kill or a full disk never leaves a
+    half-written model there. `write_extras(folder)` adds files (tokenizer, card) before."""
+    temp = target.with_name(f".tmp-{target.name}")
+    main = accelerator.is_main_process
+    if main:
+        shutil.rmtree(temp, ignore_errors=True)
+    # Saving creates the folder in every process: none may do so before it is cleared.
+    accelerator.wait_for_everyone()
+    state_dict = untangled_state_dict(accelerator.get_state_dict(model))
+    unwrapped = accelerator.unwrap_model(model)
+    try:
+        if hasattr(unwrapped, "save_pretrained"):
+            unwrapped.save_pretrained(
+                temp, is_main_process=main, save_function=accelerator.save, state_dict=state_dict
+            )
+        else:  # a plain nn.Module: its weights alone
+            accelerator.save_model(model, temp)
+        if main:
+            if write_extras is not None:
+                write_extras(temp)
+            publish_dir(temp, target)
+    finally:
+        if main:
+            shutil.rmtree(temp, ignore_errors=True)  # what a failed save left
+    accelerator.wait_for_everyone()

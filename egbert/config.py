@@ -1,4 +1,5 @@
-"""Run configurations: dataclasses whose fields are the command-line options of a job.
+"""Run configurations: dataclasses whose fields are the command-line options of a job
+(`TrainingArguments` for the shared trainer, `PretrainArguments`, ...).
 
 Every field is an option (`--seq-len 128`, or `--seq_len 128`), and any of them can come from a
 YAML or JSON file instead (`--config run.yaml`, a flat mapping of field names); options given on
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,15 +19,177 @@ import yaml
 from transformers import HfArgumentParser
 
 from egbert.errors import ConfigError
+from egbert.models.heads import CLASSIFIER_FEATURES, CLASSIFIER_POOLS
 
 MODEL_FAMILIES = ("bert", "gpt", "elmo")
+SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
+# `--report-to`: Accelerate's trackers by name, or none
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "none")
 BERT_OBJECTIVES = ("mlm", "rtd")
 DOC_BOUNDARIES = ("blank", "wikitext", "line", "file")
 
 
 @dataclass
+class TrainingArguments:
+    """Options of a training run; every field is also a command-line option (see egbert.config)."""
+
+    _argument_group_name = "training"
+
+    output_dir: str = field(metadata={"help": "run directory: checkpoints, logs, final model"})
+    lr: float = field(default=5e-4, metadata={"help": "peak learning rate (a scale for Noam)"})
+    weight_decay: float = field(
+        default=0.01, metadata={"help": "AdamW decay (not on biases/norms)"}
+    )
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
+    batch_size: int = field(default=32, metadata={"help": "examples per batch and process"})
+    grad_accum: int = field(default=1, metadata={"help": "batches per optimizer step"})
+    batch_ramp_to: int | None = field(
+        default=None,
+        metadata={
+            "help": "grow the batch linearly over the run from --batch-size to N examples per "
+            "step (a multiple of it), by accumulating more batches per step; with "
+            "--budget-minutes or --max-steps"
+        },
+    )
+    max_steps: int | None = field(
+        default=None, metadata={"help": "optimizer steps to train (overrides --epochs)"}
+    )
+    epochs: int | None = field(
+        default=None,
+        metadata={"help": "passes over the data (default 1; unlimited with --budget-minutes)"},
+    )
+    schedule: str = field(
+        default="linear",
+        metadata={"help": "learning-rate schedule", "choices": list(SCHEDULES)},
+    )
+    warmup_steps: float = field(
+        default=0.0,
+        metadata={
+            "help": "warmup: a number of steps, or a fraction < 1 of the run (e.g. 0.06)",
+            "aliases": ["--warmup-ratio"],
+        },
+    )
+    bf16: bool | None = field(
+        default=None,
+        metadata={
+            "help": "bf16 mixed precision (CPU or GPU); --bf16 false turns it off; unset, the "
+            "launch config's mixed_precision decides (accelerate launch --config_file), else fp32",
+            "nargs": "?",
+            "const": True,
+        },
+    )
+    max_grad_norm: float = field(
+        default=1.0, metadata={"help": "clip the gradient norm to this (0: no clipping)"}
+    )
+    label_smoothing: float | None = field(
+        default=None, metadata={"help": "label smoothing of the model's loss (training only)"}
+    )
+    eval_every: int = field(default=0, metadata={"help": "evaluate every N steps (0: at the end)"})
+    save_every: int = field(
+        default=0, metadata={"help": "checkpoint every N steps (0: only at the end)"}
+    )
+    keep_checkpoints: int = field(default=2, metadata={"help": "keep the last K checkpoints"})
+    seed: int = field(default=42, metadata={"help": "random seed"})
+    budget_minutes: float | None = field(
+        default=None,
+        metadata={"help": "stop after M minutes of training; the schedule runs over the budget"},
+    )
+    skip_nonfinite: int = field(
+        default=0, metadata={"help": "skip up to N steps with a non-finite loss, then stop"}
+    )
+    log_every: int = field(default=10, metadata={"help": "log the training loss every N steps"})
+    report_to: list[str] = field(
+        default_factory=lambda: ["tensorboard"],
+        metadata={
+            "help": "where the metrics also go, besides metrics.jsonl: Accelerate's trackers "
+            f"({', '.join(TRACKERS[:-1])}; installed separately but tensorboard) or none"
+        },
+    )
+    resume: bool = field(
+        default=False, metadata={"help": "continue from the newest checkpoint in --output-dir"}
+    )
+    resume_anyway: bool = field(
+        default=False, metadata={"help": "resume even if the run config changed"}
+    )
+    metric_for_best_model: str | None = field(
+        default=None,
+        metadata={"help": "keep the best model by this eval metric and save it at the end"},
+    )
+    greater_is_better: bool | None = field(
+        default=None,
+        metadata={"help": "direction of --metric-for-best-model (default: loss-like lower)"},
+    )
+    num_workers: int = field(default=0, metadata={"help": "data loader worker processes"})
+    use_cpu: bool = field(default=False, metadata={"help": "train on CPU even if a GPU is there"})
+    ddp_find_unused_parameters: bool = field(
+        default=False, metadata={"help": "DDP: allow parameters that get no gradient"}
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.report_to, str):  # one tracker, from Python or a config file
+            self.report_to = [self.report_to]
+        positive = {"lr": self.lr, "batch_size": self.batch_size, "grad_accum": self.grad_accum}
+        positive |= {"keep_checkpoints": self.keep_checkpoints, "log_every": self.log_every}
+        for name, optional in (("max_steps", self.max_steps), ("epochs", self.epochs)):
+            if optional is not None:
+                positive[name] = optional
+        if self.budget_minutes is not None:
+            positive["budget_minutes"] = self.budget_minutes
+        for name, value in positive.items():
+            if not value > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        non_negative = {
+            "weight_decay": self.weight_decay,
+            "warmup_steps": self.warmup_steps,
+            "max_grad_norm": self.max_grad_norm,
+            "eval_every": self.eval_every,
+            "save_every": self.save_every,
+            "skip_nonfinite": self.skip_nonfinite,
+            "num_workers": self.num_workers,
+        }
+        for name, value in non_negative.items():
+            if value < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        unknown = set(self.report_to) - set(TRACKERS)
+        if unknown or ("none" in self.report_to and len(self.report_to) > 1):
+            raise ConfigError(
+                f"--report-to {' '.join(self.report_to)}: give one or more of "
+                f"{', '.join(TRACKERS[:-1])}, or none"
+            )
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"unknown --schedule {self.schedule!r}; use one of {SCHEDULES}")
+        if self.warmup_steps >= 1 and self.warmup_steps != int(self.warmup_steps):
+            raise ConfigError(
+                f"--warmup-steps {self.warmup_steps}: give whole steps or a fraction below 1"
+            )
+        if self.label_smoothing is not None and not 0 <= self.label_smoothing < 1:
+            raise ConfigError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.batch_ramp_to is not None:
+            self._check_batch_ramp()
+        if self.schedule == "inverse_sqrt" and not self.warmup_steps >= 1:
+            raise ConfigError("--schedule inverse_sqrt needs --warmup-steps as a number of steps")
+
+    def _check_batch_ramp(self) -> None:
+        ramp = f"--batch-ramp-to {self.batch_ramp_to}"
+        if self.batch_ramp_to <= self.batch_size or self.batch_ramp_to % self.batch_size:
+            raise ConfigError(
+                f"{ramp}: give a multiple of --batch-size {self.batch_size} larger than it"
+            )
+        if self.grad_accum != 1:
+            raise ConfigError(f"{ramp} sets the accumulation itself: leave --grad-accum at 1")
+
+    @property
+    def warmup_is_ratio(self) -> bool:
+        return 0 < self.warmup_steps < 1
+
+
+@dataclass
 class PretrainArguments:
     """What to pretrain and on which data (the trainer's options are `TrainingArguments`)."""
+
+    _argument_group_name = "model and data"
 
     model: str = field(
         metadata={"help": "model family to pretrain", "choices": list(MODEL_FAMILIES)}
@@ -97,6 +260,14 @@ class PretrainArguments:
     streaming: bool = field(
         default=False, metadata={"help": "stream the corpus instead of caching it in Arrow"}
     )
+    card_datasets: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Hub ids of the training corpora for the model card's metadata (e.g. "
+            "Salesforce/wikitext); the Hub refuses local paths there"
+        },
+    )
+    license: str = field(default="apache-2.0", metadata={"help": "the model card's license"})
     num_proc: int | None = field(default=None, metadata={"help": "processes for tokenization"})
 
     def __post_init__(self) -> None:
@@ -126,16 +297,162 @@ class PretrainArguments:
             )
 
 
+@dataclass
+class FinetuneArguments:
+    """What to fine-tune and on which task (the trainer's options are `TrainingArguments`)."""
+
+    _argument_group_name = "task, data and model"
+
+    model: str = field(
+        metadata={
+            "help": "an egbert model (or pretraining run) directory (bert, gpt or elmo), or a "
+            "stock transformers BERT/GPT-2 checkpoint (converted on the fly), with its tokenizer"
+        }
+    )
+    task: str | None = field(
+        default=None,
+        metadata={
+            "help": "a GLUE task (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli) or all "
+            "(every task whose train and dev files are in --data-dir); not with --train-file"
+        },
+    )
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "the GLUE folder (CoLA/train.tsv, RTE/dev.tsv, ...); without it the data "
+            "comes from the hub's nyu-mll/glue, which needs the network"
+        },
+    )
+    train_file: str | None = field(
+        default=None, metadata={"help": "custom task: CSV, TSV or JSONL with a header"}
+    )
+    validation_file: str | None = field(default=None, metadata={"help": "custom task: dev file"})
+    test_file: str | None = field(
+        default=None, metadata={"help": "custom task: a file to predict (optional)"}
+    )
+    text_columns: list[str] = field(
+        default_factory=list, metadata={"help": "custom task: one or two text columns"}
+    )
+    label_column: str = field(default="label", metadata={"help": "custom task: the label column"})
+    regression: bool = field(
+        default=False, metadata={"help": "custom task: labels are scores, not classes"}
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "train on the first N training examples only"}
+    )
+    max_seq_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "tokens per example, longer ones truncated (default: 128, or the model's "
+            "max_position_embeddings if smaller)"
+        },
+    )
+    features: str = field(
+        default="cls",
+        metadata={
+            "help": "what the classifier reads: the model's summary vector ([CLS] pooler for "
+            "bert), the last 4 layers concatenated or summed, or a learned scalar mix of all "
+            "layers",
+            "choices": list(CLASSIFIER_FEATURES),
+        },
+    )
+    pool: str = field(
+        default="cls",
+        metadata={
+            "help": "how layer features become one vector, with --features last4-*/scalar-mix: "
+            "the summary position or the mean over tokens",
+            "choices": list(CLASSIFIER_POOLS),
+        },
+    )
+    layer_norm: bool = field(
+        default=False,
+        metadata={
+            "help": "normalize each pooled layer before the layers are combined (ELMo's option "
+            "for layers of very different scales)"
+        },
+    )
+    freeze: bool = field(
+        default=False, metadata={"help": "feature-based: train only the classifier head"}
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={
+            "help": "change fields of the model's config for fine-tuning, e.g. "
+            "'hidden_dropout_prob=0.1' (the format of run_mlm.py's --config_overrides)"
+        },
+    )
+    allow_pickle: bool = field(
+        default=False,
+        metadata={
+            "help": "also load a pickle checkpoint (pytorch_model.bin, *.pt) when the model "
+            "directory has no safetensors weights, with torch.load(weights_only=True)"
+        },
+    )
+    predict: bool = field(
+        default=True,
+        metadata={"help": "write GLUE submission files for the test sets (--no-predict: skip)"},
+    )
+    base_model_id: str | None = field(
+        default=None,
+        metadata={"help": "the Hub id of --model, for the model card's base_model metadata"},
+    )
+    license: str = field(default="apache-2.0", metadata={"help": "the model card's license"})
+
+    def __post_init__(self) -> None:
+        if self.features not in CLASSIFIER_FEATURES:
+            raise ConfigError(
+                f"unknown --features {self.features!r}; use one of {CLASSIFIER_FEATURES}"
+            )
+        if self.pool not in CLASSIFIER_POOLS:
+            raise ConfigError(f"unknown --pool {self.pool!r}; use one of {CLASSIFIER_POOLS}")
+        if self.pool == "mean" and self.features == "cls":
+            raise ConfigError(
+                "--pool mean pools layer features: use it with --features last4-concat, "
+                "last4-sum or scalar-mix (--features cls is the model's own summary vector)"
+            )
+        if self.max_seq_length is not None and self.max_seq_length < 8:
+            raise ConfigError(f"--max-seq-length must be >= 8, got {self.max_seq_length}")
+        if self.max_train_samples is not None and self.max_train_samples < 1:
+            raise ConfigError(f"--max-train-samples must be >= 1, got {self.max_train_samples}")
+
+
+def arguments_from_options(
+    dataclass_types: tuple[type, ...],
+    options: dict[str, Any],
+    defaults: dict[str, Any] | None = None,
+) -> tuple[Any, ...]:
+    """The job's dataclasses from keyword arguments (the Python API of a command): each option
+    goes to the dataclass with that field; `defaults` sit under `options`."""
+    values = {**(defaults or {}), **options}
+    known = {f.name for cls in dataclass_types for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}"
+        )
+    return tuple(
+        cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+        for cls in dataclass_types
+    )
+
+
 def parse_args(
     dataclass_types: tuple[type, ...],
     argv: list[str] | None,
     prog: str,
     description: str,
     defaults: dict[str, Any] | None = None,
+    epilog: str | None = None,
 ) -> tuple[Any, ...]:
     """Parse `argv` into instances of `dataclass_types`. Each option's value comes from the
     command line, else from `--config FILE`, else from `defaults`, else from its dataclass."""
-    parser = HfArgumentParser(dataclass_types, prog=prog, description=description)
+    parser = HfArgumentParser(
+        dataclass_types,
+        prog=prog,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.set_defaults(**(defaults or {}))
     parser.add_argument(
         "--config",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import time
 import urllib.request
@@ -36,10 +37,11 @@ from egbert.errors import ConfigError, DataError
 from egbert.finetune import run as finetune_run
 from egbert.finetune.metrics import glue_score
 from egbert.finetune.tasks import GLUE_TASKS, available_tasks, get_task
+from egbert.optimization import adamw
 from egbert.pretrain import run as pretrain_run
 from egbert.pretrain.data import load_hub_documents
+from egbert.runtime import bf16_pays_off, keep_freed_memory_in_process
 from egbert.tokenizer import format_stats, load_tokenizer, tokenizer_stats, train_tokenizer
-from egbert.trainer import adamw, bf16_pays_off, keep_freed_memory_in_process
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 WIKITEXT = Path("corpus") / "wikitext-2"
@@ -276,7 +278,8 @@ def load_or_make_plan(args: argparse.Namespace, tokenizer, n_finetunes: int) -> 
 
 def is_finished(run_dir: Path) -> bool:
     """The trainer writes the final model only after a run that was not interrupted."""
-    return (run_dir / "model.safetensors").is_file() and (run_dir / "config.json").is_file()
+    model = run_dir / "model"
+    return (model / "model.safetensors").is_file() and (model / "config.json").is_file()
 
 
 def pretrain_family(
@@ -323,10 +326,11 @@ def random_bert(plan: Plan, output_dir: Path, tokenizer) -> Path:
 def save_untrained(model, tokenizer, run_dir: Path) -> Path:
     """Save a model at its random initial weights like a pretrained one (all at once: a run
     killed meanwhile leaves no half-written folder for a rerun to mistake for a finished one)."""
-    staging = run_dir.with_name(f".{run_dir.name}.partial")
+    staging = run_dir / ".model.partial"
+    shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    staging.replace(run_dir)
+    staging.replace(run_dir / "model")
     print(f"  {run_dir.name}: saved random weights to {run_dir}", flush=True)
     return run_dir
 

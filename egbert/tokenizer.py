@@ -31,6 +31,7 @@ from tokenizers import (
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from egbert.checkpoints import resolve_model_dir
 from egbert.errors import CheckpointError, ConfigError, DataError
 
 PAD, UNK, CLS, SEP, MASK, EOT = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<|endoftext|>"
@@ -251,8 +252,9 @@ def _from_bpe_files(vocab_file: Path, merges_file: Path) -> PreTrainedTokenizerF
 
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     """Load a tokenizer from a saved directory (egbert's or any with `tokenizer.json`), a stock
-    BERT `vocab.txt` (file or directory), or GPT-2's `vocab.json` + `merges.txt` directory."""
-    path = Path(path)
+    BERT `vocab.txt` (file or directory), or GPT-2's `vocab.json` + `merges.txt` directory; a
+    training run's directory stands for its model/ folder."""
+    path = resolve_model_dir(path)
     if path.is_file() and path.suffix == ".txt":
         return _from_wordpiece_vocab(path)
     if not path.is_dir():

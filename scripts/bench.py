@@ -47,6 +47,7 @@ from egbert.config import available_presets, load_preset
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.optimization import adamw
 from egbert.pretrain.data import (
     CausalLMCollator,
     MLMCollator,
@@ -55,8 +56,8 @@ from egbert.pretrain.data import (
     read_documents,
     tokenize_documents,
 )
+from egbert.runtime import bf16_pays_off, matmul_gflops
 from egbert.tokenizer import load_tokenizer, train_tokenizer
-from egbert.trainer import adamw, bf16_pays_off, matmul_gflops
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 

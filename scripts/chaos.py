@@ -390,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     # the final model (for finetune: the best epoch's) and the last step's checkpoint
     last = f"checkpoints/step-{newest_checkpoint(clean)}/model.safetensors"
     difference = max(
-        max_weight_difference(clean / name, chaotic / name) for name in ("model.safetensors", last)
+        max_weight_difference(clean / name, chaotic / name)
+        for name in ("model/model.safetensors", last)
     )
     mid_save = sum(kill.mid_save for kill in kills)
     verdict = "PASS" if difference <= ATOL and len(kills) == args.kills else "FAIL"

@@ -42,14 +42,15 @@ from typing import Any
 from transformers import set_seed
 
 from egbert import quickstart
-from egbert.config import PretrainArguments, apply_config_overrides, load_preset
+from egbert.checkpoints import read_model_config
+from egbert.config import PretrainArguments, TrainingArguments, apply_config_overrides, load_preset
 from egbert.errors import ConfigError, DataError, EgbertError, TrainingError
 from egbert.finetune import run as finetune_run
 from egbert.finetune.metrics import glue_score
 from egbert.models.bert import EgbertBertConfig
 from egbert.pretrain import run as pretrain_run
+from egbert.runtime import bf16_pays_off
 from egbert.tokenizer import load_tokenizer, train_tokenizer
-from egbert.trainer import TrainingArguments, bf16_pays_off
 
 STOCK_SCRIPT = Path(__file__).resolve().with_name("stock_recipe.py")
 PRESETS = ("tiny", "mini", "small", "base")  # the sizes both recipes know
@@ -428,7 +429,7 @@ def finetune_dir(output_dir: Path, model_dir: Path, task: str, seed: int) -> Pat
 
 
 def model_config(model_dir: Path) -> dict[str, Any]:
-    return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    return read_model_config(model_dir)
 
 
 def dropout_overrides(model_dir: Path) -> list[str]:

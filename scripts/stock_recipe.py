@@ -211,15 +211,13 @@ def seconds_per_step(
 
 
 def save_final(model, tokenizer, output_dir: Path) -> None:
-    """Write the model and tokenizer through a staging folder, model.safetensors last: its
-    presence means the run finished."""
+    """Write the model and tokenizer into output_dir/model/ (egbert's run layout) through a
+    staging folder: its presence means the run finished."""
     staging = Path(tempfile.mkdtemp(prefix=".final.", dir=output_dir))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        files = sorted(staging.iterdir(), key=lambda path: path.name == "model.safetensors")
-        for path in files:
-            os.replace(path, output_dir / path.name)
+        os.replace(staging, output_dir / "model")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -71,6 +71,14 @@ def tiny_gpt2_dir(data_dir: Path) -> Path:
 
 
 @pytest.fixture
+def subprocess_env() -> dict[str, str]:
+    """The environment of an `egbert` or Python subprocess: the caller's (packages may come
+    from its PYTHONPATH), one OpenMP thread, and this checkout first on PYTHONPATH."""
+    paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(paths)}
+
+
+@pytest.fixture
 def one_thread_and_fresh_accelerate():
     """One intra-op thread: on a shared 2-core machine OpenMP barriers make two threads ~20x
     slower. Accelerate keeps process-wide singletons; each test builds its own Accelerator."""

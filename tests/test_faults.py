@@ -71,10 +71,8 @@ def train_losses(out: Path) -> list[float]:
     return [record["loss"] for record in records if record["split"] == "train"]
 
 
-def assert_same_final_model(clean: Path, resumed: Path) -> None:
-    difference = chaos.max_weight_difference(
-        clean / "model.safetensors", resumed / "model.safetensors"
-    )
+def assert_same_final_model(clean: Path, resumed: Path, weights="model/model.safetensors") -> None:
+    difference = chaos.max_weight_difference(clean / weights, resumed / weights)
     assert difference <= 1e-6, difference
 
 
@@ -111,7 +109,7 @@ def test_pretrain_survives_kills_and_signals(clean_pretrain, tiny_tokenizer_dir,
     assert term.exit_seconds < SIGNAL_EXIT_SECONDS, term
     assert term.checkpoint == term.step  # the checkpoint is of the step it stopped at
     assert f"stopped at step {term.step}; checkpoint saved" in log.read_text()
-    assert not (out / "model.safetensors").exists()  # a checkpoint, not a final model
+    assert not (out / "model").exists()  # a checkpoint, not a final model
 
     log = logs / "sigint-twice.log"
     twice = chaos.interrupt(command, out, log, rng, "step", signals=(signal.SIGINT,) * 2)
@@ -175,7 +173,7 @@ def test_finetune_survives_kills_and_sigint(finetune_inputs, tmp_path):
     chaos.run_to_the_end(command, logs / "final.log")
     assert_same_final_model(clean, out)  # the best epoch's model
     last = f"checkpoints/step-{FINETUNE_EPOCHS * 4}"  # 32 rows, batch 8: 4 steps per epoch
-    assert_same_final_model(clean / last, out / last)  # the last step's
+    assert_same_final_model(clean / last, out / last, "model.safetensors")  # the last step's
     clean_results = json.loads((clean / "eval_results.json").read_text())
     results = json.loads((out / "eval_results.json").read_text())
     assert results["history"] == clean_results["history"]  # every epoch, across the restarts
@@ -224,7 +222,7 @@ def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(
     message = str(stopped.value.code)
     assert message.startswith("egbert pretrain: error: could not write"), message
     assert "disk full" in message and "--resume" in message and "\n" not in message
-    assert not (out / "model.safetensors").exists()
+    assert not (out / "model").exists()
     assert not list(out.glob(".tmp-*")), "a half-written final model left behind"
     assert (out / f"checkpoints/step-{PRETRAIN_STEPS}/trainer_state.json").is_file()
     monkeypatch.undo()

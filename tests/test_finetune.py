@@ -99,7 +99,7 @@ def test_rte_end_to_end(
     assert [int(index) for index, _ in rows[1:]] == list(range(SLICE["test.tsv"]))
     assert {label for _, label in rows[1:]} <= {"entailment", "not_entailment"}
 
-    model = AutoModelForSequenceClassification.from_pretrained(out)
+    model = AutoModelForSequenceClassification.from_pretrained(out / "model")
     assert model.config.classifier_features == features
     assert model.config.id2label == {0: "entailment", 1: "not_entailment"}
     backbone = EgbertBertModel.from_pretrained(tiny_bert_dir).state_dict()
@@ -126,10 +126,11 @@ def test_all_tasks_regression_and_table(
     rows = read_predictions(out / "predictions" / "STS-B.tsv")
     assert len(rows) == SLICE["test.tsv"] + 1
     labels = torch.tensor(read_glue_split(GLUE_TASKS["stsb"], "train", glue_slice)["label"])
-    config = json.loads((out / "stsb" / "config.json").read_text())
+    config = json.loads((out / "stsb" / "model" / "config.json").read_text())
     assert config["regression_target_mean"] == pytest.approx(labels.mean().item())
     assert config["regression_target_std"] == pytest.approx(labels.std(unbiased=False).item())
-    assert "regression_target_mean" not in json.loads((out / "rte" / "config.json").read_text())
+    rte_config = json.loads((out / "rte" / "model" / "config.json").read_text())
+    assert "regression_target_mean" not in rte_config
     assert all(float(score) == float(score) for _, score in rows[1:])  # numbers, not NaN
     assert (out / "predictions" / "RTE.tsv").is_file()
 
@@ -171,7 +172,7 @@ def test_stock_bert_checkpoint_and_custom_jsonl_task(
     predictions = read_predictions(tmp_path / "out" / "predictions" / "custom.tsv")
     assert [row[0] for row in predictions[1:]] == ["0", "1", "2"]
     assert {row[1] for row in predictions[1:]} <= {"happy", "sad"}
-    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    saved = json.loads((tmp_path / "out" / "model" / "config.json").read_text())
     assert saved["model_type"] == "egbert-bert"  # converted from the stock checkpoint
 
 

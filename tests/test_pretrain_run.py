@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -19,14 +18,10 @@ from transformers import AutoModel, AutoTokenizer
 
 import egbert.models  # noqa: F401  (registers the Auto classes)
 from egbert.cli import main as cli_main
-from egbert.config import PretrainArguments, load_preset, parse_args
+from egbert.config import PretrainArguments, TrainingArguments, load_preset, parse_args
 from egbert.errors import ConfigError
 from egbert.pretrain.run import FAMILY_DEFAULTS, build_model, main, parse_pretrain_args
 from egbert.tokenizer import load_tokenizer
-from egbert.trainer import TrainingArguments
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 
@@ -113,10 +108,12 @@ def test_tiny_preset_pretrains_and_validation_loss_falls(
     for record in train:
         total = sum(weight * record[name] for name, weight in loss_parts.items())
         assert record["loss"] == pytest.approx(total if loss_parts else record["loss"], rel=1e-5)
-    model = AutoModel.from_pretrained(out)
+    model = AutoModel.from_pretrained(out / "model")
     assert model.config.model_type == f"egbert-{family}" and model.config.label_smoothing == 0.0
-    assert len(AutoTokenizer.from_pretrained(out)) == model.config.vocab_size == 1000
-    for name in ("model.safetensors", "config.json", "README.md", "loss_curve.png"):
+    assert len(AutoTokenizer.from_pretrained(out / "model")) == model.config.vocab_size == 1000
+    for name in ("model.safetensors", "config.json", "README.md"):
+        assert (out / "model" / name).is_file()
+    for name in ("loss_curve.png", "train.log", "train_results.json", "pretrain_args.json"):
         assert (out / name).is_file()
     assert (out / "checkpoints" / "step-36").is_dir()
 
@@ -240,7 +237,7 @@ def _newest_checkpoint_epoch(out: Path) -> int:
 
 
 def test_sigkill_in_the_second_epoch_then_resume_equals_a_clean_run(
-    corpus, tiny_tokenizer_dir, tmp_path
+    corpus, tiny_tokenizer_dir, tmp_path, subprocess_env
 ):
     """bert with dropout, NSP and dynamic masking: killed after a checkpoint in epoch 1 and
     resumed, it ends with the clean run's weights and loss (fp32 CPU, within 1e-6)."""
@@ -252,7 +249,7 @@ def test_sigkill_in_the_second_epoch_then_resume_equals_a_clean_run(
 
     out = tmp_path / "killed"
     argv = pretrain_argv("bert", tiny_tokenizer_dir, corpus["short"], out, *extra, "--resume")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = subprocess_env
     command = [sys.executable, "-m", "egbert.cli", "pretrain", *argv]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
@@ -263,14 +260,14 @@ def test_sigkill_in_the_second_epoch_then_resume_equals_a_clean_run(
     process.kill()
     process.wait()
     assert process.returncode == -signal.SIGKILL
-    assert not (out / "model.safetensors").exists()
+    assert not (out / "model").exists()
 
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout
     clean_weights, resumed_weights = (
-        load_file(clean / "model.safetensors"),
-        load_file(out / "model.safetensors"),
+        load_file(clean / "model/model.safetensors"),
+        load_file(out / "model/model.safetensors"),
     )
     for name, tensor in clean_weights.items():
         torch.testing.assert_close(resumed_weights[name], tensor, atol=1e-6, rtol=0)

@@ -14,7 +14,7 @@ from accelerate.state import AcceleratorState, GradientState
 from egbert import quickstart
 from egbert.errors import ConfigError, DataError
 from egbert.quickstart import export_hub_corpus, main
-from egbert.trainer import bf16_pays_off
+from egbert.runtime import bf16_pays_off
 
 MODELS = ["bert", "gpt", "elmo", "bert (no pretraining)"]
 TASKS = ["rte", "stsb"]
@@ -65,7 +65,7 @@ def test_a_rerun_reuses_every_finished_step(
     finished_run: Path, micro_data: Path, capsys: pytest.CaptureFixture
 ):
     before = json.loads((finished_run / "results.json").read_text())
-    weights = finished_run / "pretrain" / "bert" / "model.safetensors"
+    weights = finished_run / "pretrain" / "bert" / "model" / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     capsys.readouterr()
     start = time.perf_counter()

@@ -84,16 +84,19 @@ def test_the_table_has_a_finite_number_for_every_model_and_task(finished_run: Pa
     nsp = recipe_compare.recipe_arguments("tiny")[0].nsp
     assert report["pretraining"]["egbert"]["loss"] == ("MLM + NSP" if nsp else "MLM")
     # egbert's model config fields hold while pretraining; fine-tuning gets BERT's dropout back.
-    pretrained = json.loads((finished_run / "pretrain" / "egbert" / "config.json").read_text())
+    pretrained = json.loads(
+        (finished_run / "pretrain" / "egbert" / "model" / "config.json").read_text()
+    )
     assert recipe_compare.EGBERT_MODEL.items() <= pretrained.items()
     for row in ROWS:
         finetuned = json.loads(
-            (finished_run / "finetune" / row / "rte" / "config.json").read_text()
+            (finished_run / "finetune" / row / "rte" / "model" / "config.json").read_text()
         )
         assert finetuned["hidden_dropout_prob"] == finetuned["attention_probs_dropout_prob"] == 0.1
     assert (finished_run / "loss_curves.png").stat().st_size > 1000
     stock = finished_run / "pretrain" / "stock"
-    assert json.loads((stock / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    config = json.loads((stock / "model" / "config.json").read_text())
+    assert config["architectures"] == ["BertForMaskedLM"]
     # Both recipes and the fine-tuning use bf16 only where it is faster than fp32 here.
     bf16 = bool(recipe_compare.precision_flags())
     assert json.loads((stock / "recipe.json").read_text())["bf16"] == bf16
@@ -104,7 +107,7 @@ def test_a_rerun_reuses_every_finished_step(
     finished_run: Path, micro_data: Path, capsys: pytest.CaptureFixture
 ):
     before = json.loads((finished_run / "results.json").read_text())
-    weights = [finished_run / "pretrain" / row / "model.safetensors" for row in ROWS]
+    weights = [finished_run / "pretrain" / row / "model" / "model.safetensors" for row in ROWS]
     stamps = [path.stat().st_mtime_ns for path in weights]
     capsys.readouterr()
     start = time.perf_counter()
@@ -147,7 +150,7 @@ def test_more_finetuning_seeds_keep_the_first_seeds_runs_and_report_the_mean(
 
 def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path, micro_data: Path):
     before = json.loads((finished_run / "results.json").read_text())["scores"]
-    egbert_weights = finished_run / "pretrain" / "egbert" / "model.safetensors"
+    egbert_weights = finished_run / "pretrain" / "egbert" / "model" / "model.safetensors"
     stamp = egbert_weights.stat().st_mtime_ns
     run_micro(micro_data, finished_run, "--families", "gpt", "elmo")
 
@@ -166,9 +169,10 @@ def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path,
             finished_run / "pretrain" / name for name in (family, f"{family}-scratch")
         )
         for model_dir in (pretrained, twin):
-            assert json.loads((model_dir / "config.json").read_text())["model_type"] == model_type
-        assert (pretrained / "model.safetensors").read_bytes() != (
-            twin / "model.safetensors"
+            config = json.loads((model_dir / "model" / "config.json").read_text())
+            assert config["model_type"] == model_type
+        assert (pretrained / "model" / "model.safetensors").read_bytes() != (
+            twin / "model" / "model.safetensors"
         ).read_bytes()
         # Each family's run used its recipe's block length, its family defaults included.
         pretrain_args = json.loads((pretrained / "pretrain_args.json").read_text())["pretrain"]
@@ -176,7 +180,7 @@ def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path,
         assert pretrain_args["seq_len"] == recipe.seq_len
         # The same fine-tuning as bert's: dropout 0.1 on whichever dropout the family has.
         finetuned = json.loads(
-            (finished_run / "finetune" / family / "rte" / "config.json").read_text()
+            (finished_run / "finetune" / family / "rte" / "model" / "config.json").read_text()
         )
         assert finetuned["hidden_dropout_prob"] == 0.1
         assert finetuned.get("attention_probs_dropout_prob", 0.1) == 0.1
@@ -188,7 +192,7 @@ def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path,
             head, lr = ("cls", "cls", False), 1e-4
         for name in (family, f"{family}-scratch"):
             run_dir = finished_run / "finetune" / name / "rte"
-            config = json.loads((run_dir / "config.json").read_text())
+            config = json.loads((run_dir / "model" / "config.json").read_text())
             fields = ("classifier_features", "classifier_pool", "classifier_layer_norm")
             assert tuple(config.get(field, False) for field in fields) == head
             assert json.loads((run_dir / "eval_results.json").read_text())["options"]["lr"] == lr

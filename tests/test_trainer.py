@@ -27,19 +27,12 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from torch import nn
 
+from egbert.config import TrainingArguments
 from egbert.errors import CheckpointError, ConfigError, TrainingError
-from egbert.trainer import (
-    EpochShuffleSampler,
-    Trainer,
-    TrainingArguments,
-    bf16_pays_off,
-    matmul_gflops,
-    noam_multiplier,
-    parameter_groups,
-    schedule_multiplier,
-)
+from egbert.optimization import noam_multiplier, parameter_groups, schedule_multiplier
+from egbert.runtime import bf16_pays_off, matmul_gflops
+from egbert.trainer import Trainer
 
-REPO = Path(__file__).resolve().parents[1]
 VOCAB = 40
 POISON = VOCAB - 1  # a token whose embedding row is NaN in the non-finite tests
 
@@ -150,6 +143,11 @@ def make_trainer(
     )
 
 
+def epoch_order(size: int, seed: int, epoch: int) -> list[int]:
+    """The order Accelerate's seedable sampler gives an epoch: a permutation seeded seed + epoch."""
+    return torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
 def train_losses(out: Path) -> list[float]:
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [record["loss"] for record in records if record["split"] == "train"]
@@ -218,15 +216,19 @@ def test_no_weight_decay_on_biases_and_norms():
     ]
 
 
-def test_epoch_sampler_is_a_function_of_seed_and_epoch():
-    sampler = EpochShuffleSampler(10, seed=3)
-    first = list(sampler)
-    sampler.set_epoch(1)
-    second = list(sampler)
-    assert sorted(first) == list(range(10)) and first != second
-    replay = EpochShuffleSampler(10, seed=3)
-    replay.set_epoch(1)
-    assert list(replay) == second
+def test_epoch_order_is_a_function_of_seed_and_epoch(tmp_path):
+    def ids_of_epoch(trainer: Trainer, epoch: int) -> list[int]:
+        trainer.train_loader.set_epoch(epoch)
+        return [int(i) for batch in trainer.train_loader for i in batch["input_ids"][:, 0]]
+
+    trainer = make_trainer(tmp_path / "a", size=10, batch_size=10, noise=0.0, seed=3)
+    first, second = ids_of_epoch(trainer, 0), ids_of_epoch(trainer, 1)
+    starts = [example["input_ids"][0] for example in tiny_dataset(10)]
+    assert first == [starts[i] for i in epoch_order(10, 3, 0)]
+    assert second == [starts[i] for i in epoch_order(10, 3, 1)] and first != second
+    AcceleratorState._reset_state(reset_partial_state=True)
+    replay = make_trainer(tmp_path / "b", size=10, batch_size=10, noise=0.0, seed=3)
+    assert ids_of_epoch(replay, 1) == second
 
 
 def test_bad_options_are_config_errors(tmp_path):
@@ -245,25 +247,36 @@ def test_warmup_ratio_and_inverse_sqrt_drive_the_optimizer(tmp_path):
     trainer = make_trainer(tmp_path / "ratio", warmup_steps=0.5, max_steps=8)
     assert trainer.warmup == 4
     trainer.train()
-    lrs = [r["lr"] for r in trainer.read_metrics() if r["split"] == "train"]
+    lrs = [r["lr"] for r in trainer.log.records() if r["split"] == "train"]
     assert lrs == pytest.approx([3e-2 * m for m in (0, 0.25, 0.5, 0.75, 1, 0.75, 0.5, 0.25)])
     AcceleratorState._reset_state(reset_partial_state=True)
     noam = make_trainer(tmp_path / "noam", schedule="inverse_sqrt", warmup_steps=3, lr=1.0)
     noam.train()
-    lrs = [r["lr"] for r in noam.read_metrics() if r["split"] == "train"]
+    lrs = [r["lr"] for r in noam.log.records() if r["split"] == "train"]
     assert lrs == pytest.approx([noam_multiplier(step, 3, 16) for step in range(6)])
 
 
 def test_loss_falls_and_outputs_are_written(tmp_path):
     trainer = make_trainer(tmp_path, eval_size=8, max_steps=30, eval_every=10, lr=5e-2)
     result = trainer.train()
-    evals = [r["loss"] for r in trainer.read_metrics() if r["split"] == "eval"]
+    evals = [r["loss"] for r in trainer.log.records() if r["split"] == "eval"]
     assert len(evals) == 3 and evals[-1] < evals[0] - 0.3
     assert result.metrics["loss"] == pytest.approx(evals[-1]) and not result.interrupted
-    for name in ("model.safetensors", "loss_curve.png", "README.md", "metrics.jsonl"):
+    for name in ("model/model.safetensors", "model/README.md", "loss_curve.png", "train.log"):
         assert (tmp_path / name).is_file(), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoints",
+        "logs",
+        "loss_curve.png",
+        "metrics.jsonl",
+        "model",
+        "train.log",
+        "train_results.json",
+    ]
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-30"]
-    assert any((tmp_path / "tensorboard").iterdir())
+    assert any((tmp_path / "logs" / "egbert").iterdir())  # TensorBoard, the default tracker
+    assert result.history == trainer.log.records() and result.tokens == 30 * 4 * 8
+    assert result.model_dir == tmp_path / "model"
 
 
 def test_bf16_warns_where_it_is_slower_than_fp32(tmp_path, capsys):
@@ -285,7 +298,7 @@ def test_grad_accumulation_equals_the_larger_batch(tmp_path):
     small.train()
     assert train_losses(tmp_path / "acc") == pytest.approx(train_losses(tmp_path / "big"), abs=1e-6)
     assert_same_weights(
-        tmp_path / "big/model.safetensors", tmp_path / "acc/model.safetensors", 1e-6
+        tmp_path / "big/model/model.safetensors", tmp_path / "acc/model/model.safetensors", 1e-6
     )
 
 
@@ -318,7 +331,11 @@ def test_label_smoothing_trains_but_is_off_for_evaluation(tmp_path):
     assert model.config.label_smoothing == 0.3
     metrics = trainer.evaluate()
     assert model.config.label_smoothing == 0.3 and model.training
-    batch = NoisyCollator(0.0)(tiny_dataset(8))
+    # the batch goes where the trainer put the model (a GPU when there is one)
+    batch = {
+        name: value.to(trainer.accelerator.device)
+        for name, value in NoisyCollator(0.0)(tiny_dataset(8)).items()
+    }
     model.config.label_smoothing = 0.0
     with torch.no_grad():
         unsmoothed = model(**batch).loss.item()
@@ -330,16 +347,17 @@ def test_best_checkpoint_is_kept_by_metric(tmp_path):
         tmp_path, eval_size=8, max_steps=12, eval_every=3, lr=0.3, metric_for_best_model="loss"
     )
     result = trainer.train()
-    evals = {r["step"]: r["loss"] for r in trainer.read_metrics() if r["split"] == "eval"}
+    evals = {r["step"]: r["loss"] for r in trainer.log.records() if r["split"] == "eval"}
     best_step = min(evals, key=evals.get)
     assert trainer.state.best_step == best_step
     assert result.metrics["loss"] == pytest.approx(evals[best_step])
-    assert_same_weights(tmp_path / "best/model.safetensors", tmp_path / "model.safetensors", 0)
+    assert_same_weights(
+        tmp_path / "best/model.safetensors", tmp_path / "model/model.safetensors", 0
+    )
 
 
 def _poisoned_step(batch_size: int = 4, seed: int = 1, poison: int = 5) -> int:
-    order = list(EpochShuffleSampler(24, seed))
-    return order.index(poison) // batch_size + 1
+    return epoch_order(24, seed, 0).index(poison) // batch_size + 1
 
 
 def test_nonfinite_loss_stops_and_names_the_step(tmp_path):
@@ -353,7 +371,7 @@ def test_skip_nonfinite_skips_bad_steps(tmp_path):
     trainer = make_trainer(tmp_path, poison=5, epochs=1, max_steps=None, skip_nonfinite=1)
     result = trainer.train()
     assert trainer.state.skipped_nonfinite == 1 and result.step == 5
-    weights = load_file(tmp_path / "model.safetensors")
+    weights = load_file(tmp_path / "model/model.safetensors")
     assert torch.isfinite(weights["head.weight"]).all()
     AcceleratorState._reset_state(reset_partial_state=True)
     again = make_trainer(tmp_path / "2", poison=5, epochs=2, max_steps=None, skip_nonfinite=1)
@@ -431,7 +449,7 @@ def test_budget_stops_on_time_with_the_schedule_at_zero(tmp_path):
     assert wall < budget_s + 20
     assert result.epoch >= 1  # epochs do not end a budget run: the deadline does
     assert trainer.scheduler.get_last_lr() == [0.0, 0.0]  # the schedule ends at zero, on time
-    lrs = [r["lr"] for r in trainer.read_metrics() if r["split"] == "train"]
+    lrs = [r["lr"] for r in trainer.log.records() if r["split"] == "train"]
     assert max(lrs) > 0.5 * 3e-2 and lrs[-1] < 0.1 * 3e-2
     state = json.loads(
         (tmp_path / f"checkpoints/step-{result.step}/trainer_state.json").read_text()
@@ -458,22 +476,16 @@ def test_training_time_counts_the_updates_but_not_evaluation(tmp_path):
 # ---------------------------------------------------------------- two processes
 
 
-def _two_process_run(out: str) -> None:
-    # A forked child must not enter an OpenMP region: the parent's OpenMP threads are gone and
-    # the child would wait for them forever. With OMP_NUM_THREADS set, Accelerate leaves it be.
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    trainer = make_trainer(Path(out), dropout=0.0, batch_size=4, max_steps=6, use_cpu=True)
-    assert trainer.accelerator.num_processes == 2
-    trainer.train()
-
-
-def test_two_processes_match_one_process_with_double_batch(tmp_path):
-    from accelerate import debug_launcher
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    debug_launcher(_two_process_run, args=(str(tmp_path / "two"),), num_processes=2)
-    AcceleratorState._reset_state(reset_partial_state=True)
+def test_two_processes_match_one_process_with_double_batch(tmp_path, subprocess_env):
+    # Two CPU processes (gloo) started fresh by torchrun: on purpose on the CPU even where a GPU
+    # is there, since both would share it; a fresh interpreter inherits no CUDA state.
+    options = {"out": str(tmp_path / "two"), "dropout": 0.0, "batch_size": 4, "max_steps": 6}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    command += ["2", __file__, json.dumps({**options, "use_cpu": True})]
+    env = {**subprocess_env, "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "2 process(es)" in run.stdout + run.stderr
     one = make_trainer(tmp_path / "one", dropout=0.0, batch_size=8, max_steps=6)
     assert one.accelerator.num_processes == 1
     one.train()
@@ -481,15 +493,14 @@ def test_two_processes_match_one_process_with_double_batch(tmp_path):
     assert len(two_losses) == 6
     assert two_losses == pytest.approx(train_losses(tmp_path / "one"), abs=1e-5)
     assert_same_weights(
-        tmp_path / "one/model.safetensors", tmp_path / "two/model.safetensors", 1e-5
+        tmp_path / "one/model/model.safetensors", tmp_path / "two/model/model.safetensors", 1e-5
     )
 
 
 # ---------------------------------------------------------------- kill, stop and resume
 
 
-def _start(out: Path, **options) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+def _start(out: Path, env: dict[str, str], **options) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, __file__, json.dumps({"out": str(out), **options})],
         env=env,
@@ -515,7 +526,7 @@ def _wait_for_checkpoint(process: subprocess.Popen, out: Path, min_step: int) ->
     pytest.fail(f"no checkpoint {min_step} after 60 s")
 
 
-def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path):
+def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path, subprocess_env):
     """SIGKILL in epoch 0, SIGKILL in epoch 1, SIGTERM in epoch 2, then resume to the end:
     the weights and the final loss equal those of a run never interrupted (fp32, CPU)."""
     options = {"epochs": 3, "max_steps": None, "save_every": 2, "keep_checkpoints": 2}
@@ -523,7 +534,7 @@ def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path):
     reference.train()
     out = tmp_path / "interrupted"
     for kill_after, how in ((4, signal.SIGKILL), (8, signal.SIGKILL), (14, signal.SIGTERM)):
-        process = _start(out, sleep=0.04, resume=True, **options)
+        process = _start(out, subprocess_env, sleep=0.04, resume=True, **options)
         seen = _wait_for_checkpoint(process, out, kill_after)
         process.send_signal(how)
         output = process.communicate(timeout=60)[0]
@@ -532,15 +543,15 @@ def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path):
         else:
             assert process.returncode == 0, output
             assert "stopping after this step" in output and "stopped at step" in output
-            assert not (out / "model.safetensors").exists()  # a checkpoint, not a final model
+            assert not (out / "model").exists()  # a checkpoint, not a final model
         newest = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step-*"))
         assert newest >= seen
-    last = _start(out, resume=True, **options)
+    last = _start(out, subprocess_env, resume=True, **options)
     output = last.communicate(timeout=120)[0]
     assert last.returncode == 0, output
     assert "resumed from" in output and "epoch 2" in output
     assert_same_weights(
-        tmp_path / "reference/model.safetensors", out / "model.safetensors", atol=1e-6
+        tmp_path / "reference/model/model.safetensors", out / "model/model.safetensors", atol=1e-6
     )
     assert train_losses(out) == pytest.approx(train_losses(tmp_path / "reference"), abs=1e-6)
     assert len(train_losses(out)) == 18
@@ -559,7 +570,7 @@ if __name__ == "__main__":
 # mallinfo2's hblkhd: the bytes malloc holds in mmap'd blocks (freed at once, pages lost)
 MALLOC_MAPPED_BYTES = """
 import ctypes, torch
-from egbert.trainer import keep_freed_memory_in_process
+from egbert.runtime import keep_freed_memory_in_process
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",

@@ -4,8 +4,13 @@
         --validation-files wiki.valid.tokens --doc-boundary wikitext --output-dir runs/bert-tiny \\
         --max-steps 1000 --eval-every 200 --save-every 200
 
-The output directory ends up with checkpoints/step-N/, metrics.jsonl, TensorBoard logs, and the
-model (model.safetensors + config.json) and tokenizer, loadable with `from_pretrained`.
+or from Python, with the same options as keyword arguments:
+
+    egbert.run_pretraining(model="bert", preset="tiny", tokenizer="tok/", ...)
+
+The output directory ends up with model/ (model.safetensors, config.json, the tokenizer and a
+model card: loadable with `from_pretrained`), checkpoints/step-N/, metrics.jsonl, train.log,
+train_results.json, logs/ for the trackers and loss_curve.png.
 Evaluation reports, per family: bert MLM loss, MLM accuracy and NSP accuracy (with --objective
 rtd: the generator's MLM loss, the detection loss and accuracy, and the share of replaced tokens);
 gpt loss and perplexity; elmo forward, backward and mean perplexity.
@@ -26,7 +31,14 @@ from datasets import Dataset, IterableDataset
 from transformers import PreTrainedModel
 
 from egbert.checkpoints import load_pretrained, read_model_config
-from egbert.config import PretrainArguments, apply_config_overrides, load_preset, parse_args
+from egbert.config import (
+    PretrainArguments,
+    TrainingArguments,
+    apply_config_overrides,
+    arguments_from_options,
+    load_preset,
+    parse_args,
+)
 from egbert.errors import CheckpointError, ConfigError
 from egbert.models.bert import (
     EgbertBertConfig,
@@ -37,8 +49,9 @@ from egbert.models.bert import (
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 from egbert.pretrain import data
+from egbert.report import ModelCardInfo
 from egbert.tokenizer import check_vocab_matches, load_tokenizer
-from egbert.trainer import Trainer, TrainingArguments, TrainOutput
+from egbert.trainer import Trainer, TrainOutput
 
 CONFIG_CLASSES = {"bert": EgbertBertConfig, "gpt": EgbertGPTConfig, "elmo": EgbertElmoConfig}
 
@@ -69,8 +82,23 @@ DESCRIPTION = (
 )
 
 
+# What each family's model is for on the Hub (the card's pipeline_tag).
+PIPELINE_TAGS = {"bert": "fill-mask", "gpt": "text-generation", "elmo": "feature-extraction"}
+
+
 def main(argv: list[str] | None = None) -> None:
     pretrain(*parse_pretrain_args(argv))
+
+
+def run_pretraining(**options: Any) -> TrainOutput:
+    """`egbert pretrain` from Python: the keyword arguments are the command's options
+    (PretrainArguments and TrainingArguments fields, e.g. model="gpt", train_files=[...],
+    output_dir="runs/gpt", max_steps=1000), with the same family defaults under them."""
+    defaults = dict(FAMILY_DEFAULTS.get(options.get("model"), {}))
+    if options.get("init_from"):  # a model from --init-from keeps its own config
+        defaults.pop("config_overrides", None)
+    types = (PretrainArguments, TrainingArguments)
+    return pretrain(*arguments_from_options(types, options, defaults))
 
 
 def parse_pretrain_args(argv: list[str] | None) -> tuple[PretrainArguments, TrainingArguments]:
@@ -101,9 +129,7 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
         eval_set, eval_collator = build_examples(
             args, tokenizer, args.validation_files, training_args.seed
         )
-    compute_metrics, finalize_metrics = EVAL_METRICS[
-        "rtd" if args.objective == "rtd" else args.model
-    ]
+    batch_metrics, finalize_metrics = EVAL_METRICS["rtd" if args.objective == "rtd" else args.model]
     trainer = Trainer(
         model,
         training_args,
@@ -111,10 +137,17 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
         collator,
         eval_dataset=eval_set,
         eval_collator=eval_collator,
-        compute_metrics=compute_metrics,
+        batch_metrics=batch_metrics,
         finalize_metrics=finalize_metrics,
         run_config=run_config(args, preset, tokenizer),
         tokenizer=tokenizer,
+        card=ModelCardInfo(
+            pipeline_tag=PIPELINE_TAGS[args.model],
+            license=args.license,
+            datasets=args.card_datasets,
+            description=f"An egbert {args.model} model pretrained from scratch with "
+            f"`egbert pretrain` ({type(model).__name__}).",
+        ),
     )
     result = trainer.train()
     if trainer.accelerator.is_main_process:
@@ -126,7 +159,7 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
         trainer.accelerator.print(
             f"egbert: {args.model} pretrained for {result.step} steps "
             f"({result.elapsed_seconds / 60:.1f} min); {summary or 'no validation files'}; "
-            f"model saved in {training_args.output_dir}",
+            f"model saved in {result.model_dir}",
             flush=True,
         )
     return result

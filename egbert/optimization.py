@@ -1,0 +1,138 @@
+"""The optimizer and how a run's learning rate and batch size move: AdamW and its parameter
+groups, the schedules, the warmup, the budget mode and the batch ramp (pure functions of where
+the run stands).
+
+Learning rate. `lr` is the peak rate of `linear`, `cosine` and `constant`; the multiplier
+(LambdaLR) rises linearly from 0 over the warmup and then falls to 0 at the last step (linear,
+cosine) or stays at 1 (constant), with the same values as transformers'
+`get_{linear,cosine,constant}_schedule_with_warmup`. For `inverse_sqrt` (the Noam rule of
+"Attention Is All You Need") the rate at update n = step + 1 is
+    lr * d_model**-0.5 * min(n**-0.5, n * warmup**-1.5),
+d_model being `model.config.hidden_size`: `lr` is a scale, 1.0 gives the paper's rule (peak
+d_model**-0.5 * warmup**-0.5 at n = warmup, e.g. 7.0e-4 for d_model 512 and warmup 4000).
+
+Budget mode (`budget_minutes`): training stops once that much training wall time (evaluation and
+checkpoint writing excluded) has passed, and the schedule runs over time instead of steps: its
+progress is elapsed / budget, so linear and cosine reach 0 exactly at the deadline. A fractional
+warmup is a share of the budget; an integer warmup ramps over that many steps and multiplies the
+time-based decay. inverse_sqrt stays step-based and simply stops at the deadline.
+
+Batch ramp (`batch_ramp_to`): the batch grows linearly over the run from `batch_size` to
+`batch_ramp_to` examples a step, by accumulating more batches per step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from egbert.config import SCHEDULES, TrainingArguments
+from egbert.errors import ConfigError
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: decay on matrices only. Biases, LayerNorm and other norm weights (1-d, or
+    named *norm*) get none: decaying them pulls scales towards 0 and buys no regularisation."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if param.ndim < 2 or "norm" in name.lower():
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def adamw(parameters: Any, device: torch.device | str, **options: Any) -> torch.optim.AdamW:
+    """torch's AdamW, fused where torch has the kernel (as transformers.Trainer): its default on
+    the CPU is a Python loop over the tensors, 49 ms a step for the mini bert's 7.5M parameters
+    on one core against 5.6 ms fused."""
+    fused = torch.device(device).type in ("cpu", "cuda")
+    return torch.optim.AdamW(parameters, fused=fused, **options)
+
+
+def schedule_multiplier(schedule: str, position: float, total: float, warmup: float) -> float:
+    """Multiplier of the peak lr for linear | cosine | constant at `position` of a run of `total`
+    with `warmup`, all three in one unit (steps, or seconds in budget mode)."""
+    if position < warmup:
+        return position / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, max(0.0, (position - warmup) / max(total - warmup, 1e-12)))
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ConfigError(f"unknown schedule {schedule!r}; use one of {SCHEDULES}")
+
+
+def noam_multiplier(step: int, warmup_steps: int, d_model: int) -> float:
+    """The inverse-sqrt rule of Vaswani et al.; `step` updates are done, so n = step + 1."""
+    n = step + 1
+    return d_model**-0.5 * min(n**-0.5, n * warmup_steps**-1.5)
+
+
+def total_steps(args: TrainingArguments, steps_per_epoch: int) -> int | None:
+    """The run's length in optimizer steps; None for a budget run without --epochs."""
+    if args.max_steps is not None:
+        return args.max_steps
+    if args.budget_minutes is not None and args.epochs is None:
+        return None
+    return (args.epochs or 1) * steps_per_epoch
+
+
+def warmup_length(args: TrainingArguments, total: int | None) -> float:
+    """Warmup in the schedule's own unit: steps, or seconds for a fractional budget warmup."""
+    warmup = args.warmup_steps
+    if not args.warmup_is_ratio:
+        return int(warmup)
+    if args.budget_minutes is not None:
+        return warmup * args.budget_minutes * 60
+    return round(warmup * total)
+
+
+def lr_multiplier(
+    args: TrainingArguments,
+    step: int,
+    elapsed_seconds: float,
+    total: int | None,
+    warmup: float,
+    d_model: int | None,
+) -> float:
+    """The multiplier of the peak lr after `step` updates and `elapsed_seconds` of training."""
+    if args.schedule == "inverse_sqrt":
+        return noam_multiplier(step, int(warmup), d_model)
+    if args.budget_minutes is None:
+        return schedule_multiplier(args.schedule, step, total, warmup)
+    budget = args.budget_minutes * 60
+    if args.warmup_is_ratio:
+        return schedule_multiplier(args.schedule, elapsed_seconds, budget, warmup)
+    ramp = min(1.0, step / warmup) if warmup else 1.0
+    return ramp * schedule_multiplier(args.schedule, elapsed_seconds, budget, 0.0)
+
+
+def batches_per_step(
+    args: TrainingArguments, step: int, elapsed_seconds: float, total: int | None
+) -> int:
+    """--grad-accum, or with --batch-ramp-to the ramp's count at this point of the run:
+    1 at the start, growing linearly with the share of the budget (or of --max-steps) done."""
+    if args.batch_ramp_to is None:
+        return args.grad_accum
+    if args.budget_minutes is not None:
+        done = elapsed_seconds / (args.budget_minutes * 60)
+    else:  # --max-steps, which the schedule also runs over
+        done = step / total
+    final = args.batch_ramp_to // args.batch_size
+    return 1 + math.floor((final - 1) * min(done, 1.0) + 0.5)
+
+
+def accumulation_text(args: TrainingArguments) -> str:
+    if args.batch_ramp_to is None:
+        return f"{args.grad_accum} accumulation"
+    return f"1 to {args.batch_ramp_to // args.batch_size} accumulation (batch ramp)"

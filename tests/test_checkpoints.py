@@ -1,0 +1,134 @@
+"""Weights are saved and loaded whatever their memory layout.
+
+On a GPU, cuDNN keeps each LSTM's weights as views into one flat buffer (`flatten_parameters`).
+safetensors writes one tensor per storage, so Accelerate's `save_state` dropped 16 of elmo's
+LSTM tensors from its checkpoints, and safetensors' `load_model` refused to load into such a
+model. These tests build that layout on the CPU and run every save and load path of a training
+run through it: checkpoint, resume, best-model reload and the final model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, PartialState
+from accelerate.utils.other import clean_state_dict_for_safetensors
+from safetensors.torch import load_file
+from torch import nn
+
+from egbert.checkpoints import load_pretrained, own_storage, untangled_state_dict
+from egbert.config import TrainingArguments
+from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
+from egbert.trainer import Trainer
+
+VOCAB = 50
+
+pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
+
+
+def tiny_elmo() -> EgbertElmoForBidirectionalLM:
+    torch.manual_seed(0)
+    config = EgbertElmoConfig(vocab_size=VOCAB, hidden_size=16, cell_size=32, num_hidden_layers=2)
+    return EgbertElmoForBidirectionalLM(config)
+
+
+def flatten_like_cudnn(model: nn.Module) -> int:
+    """Make each nn.LSTM's weights views into one flat buffer, the layout cuDNN gives them on a
+    GPU; returns how many tensors are views now."""
+    views = 0
+    for lstm in (module for module in model.modules() if isinstance(module, nn.LSTM)):
+        weights = [getattr(lstm, name) for name in lstm._flat_weights_names]
+        flat = torch.cat([weight.detach().reshape(-1) for weight in weights])
+        offset = 0
+        for weight in weights:
+            weight.data = flat[offset : offset + weight.numel()].view_as(weight)
+            offset += weight.numel()
+        views += len(weights)
+    return views
+
+
+def lstm_names(model: nn.Module) -> set[str]:
+    return {name for name, _ in model.named_parameters() if "lstm" in name}
+
+
+def test_the_flat_layout_is_what_loses_weights_and_untangling_keeps_them():
+    PartialState(cpu=True)  # Accelerate's cleaning logs through it
+    model = tiny_elmo()
+    assert flatten_like_cudnn(model) == 20  # 4 LSTMs (2 layers, 2 directions) of 5 tensors
+    names = lstm_names(model)
+    assert len(names) == 20
+    # what Accelerate's save_state did with this layout: all views of a buffer but one dropped
+    dropped = names - clean_state_dict_for_safetensors(dict(model.state_dict())).keys()
+    assert len(dropped) == 16
+    state = untangled_state_dict(model.state_dict())
+    kept = clean_state_dict_for_safetensors(dict(state))
+    assert names <= kept.keys()
+    for name in names:
+        torch.testing.assert_close(kept[name], model.state_dict()[name], rtol=0, atol=0)
+    # tied weights stay one tensor (saved once, tied again on loading)
+    assert state["lm_head.weight"].data_ptr() == state["elmo.embed_tokens.weight"].data_ptr()
+
+
+def test_loading_into_the_flat_layout_keeps_it():
+    model = tiny_elmo()
+    flatten_like_cudnn(model)
+    lstm = next(module for module in model.modules() if isinstance(module, nn.LSTM))
+    with own_storage(model):
+        shared = {param.untyped_storage().data_ptr() for param in lstm._flat_weights}
+        assert len(shared) == len(lstm._flat_weights)  # each its own storage to load into
+        for param in lstm._flat_weights:
+            param.data.fill_(0.5)
+    values = [param.detach().clone() for param in lstm._flat_weights]
+    assert all((value == 0.5).all() for value in values)
+
+
+class BlockCollator:
+    """Next-token batches of equal-length token blocks (no padding)."""
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        ids = torch.tensor([example["input_ids"] for example in examples])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+
+def blocks(count: int, seed: int) -> list[dict]:
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        {"input_ids": torch.randint(5, VOCAB, (12,), generator=generator).tolist()}
+        for _ in range(count)
+    ]
+
+
+def flat_trainer(out, **options) -> Trainer:
+    model = tiny_elmo()
+    flatten_like_cudnn(model)
+    defaults = {"lr": 1e-2, "batch_size": 4, "max_steps": 6, "save_every": 3, "log_every": 1}
+    args = TrainingArguments(output_dir=str(out), **{**defaults, **options})
+    return Trainer(
+        model,
+        args,
+        blocks(16, seed=1),
+        BlockCollator(),
+        eval_dataset=blocks(8, seed=2),
+        run_config={"model": "tiny elmo"},
+    )
+
+
+def test_checkpoint_resume_best_and_final_model_keep_every_lstm_weight(tmp_path):
+    trainer = flat_trainer(tmp_path, eval_every=2, metric_for_best_model="loss")
+    names = lstm_names(trainer.model)
+    result = trainer.train()
+    saved = load_file(tmp_path / "checkpoints/step-6/model.safetensors")
+    assert names <= saved.keys()
+    best = load_file(tmp_path / "best/model.safetensors")
+    assert names <= best.keys()
+    # the final model is the best one, reloaded into the flat layout and saved again
+    final = load_pretrained(EgbertElmoForBidirectionalLM, result.model_dir)
+    for name in names:
+        torch.testing.assert_close(final.state_dict()[name], best[name], rtol=0, atol=0)
+    # a resumed run starts from the checkpoint's LSTM weights, not from random ones
+    AcceleratorState._reset_state(reset_partial_state=True)
+    resumed = flat_trainer(tmp_path, max_steps=8, resume=True)
+    resumed._start_or_resume()
+    model = resumed.accelerator.unwrap_model(resumed.model)
+    for name in names:
+        torch.testing.assert_close(model.state_dict()[name], saved[name], rtol=0, atol=0)
