@@ -6,5 +6,6 @@ score with GLUE's metrics from `egbert.finetune.metrics`.
 """
 
 from egbert.evaluation.probe import run_probe
+from egbert.evaluation.prompting import run_prompt_eval
 
-__all__ = ["run_probe"]
+__all__ = ["run_probe", "run_prompt_eval"]

@@ -347,6 +347,15 @@ def build_parser() -> argparse.ArgumentParser:
             "logistic regression (ridge for STS-B) on the training split's vectors, and score "
             "it on dev with GLUE's metric. Nothing of the model is trained."
         ),
+        epilog=(
+            "The probe's regularization is chosen per task: logistic regression's C from "
+            f"{C_GRID[0]:g}..{C_GRID[-1]:g} by the task's GLUE score on a held-out fifth of the "
+            f"training vectors, ridge's alpha from {ALPHA_GRID[0]:g}..{ALPHA_GRID[-1]:g} by "
+            "leave-one-out error; features are standardized. The table gives each task's dev "
+            "metrics, its score, the majority-label score it has to beat and the chosen "
+            "regularization. Example: egbert probe --model runs/bert-mini --task sst2 stsb "
+            "--data-dir data/glue --features last4-concat --output-dir runs/bert-mini/probe"
+        ),
     )
     parser.add_argument("--model", required=True, type=Path, help="model directory")
     parser.add_argument(
