@@ -51,13 +51,15 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from egbert.checkpoints import ALLOW_PICKLE_HELP
 from egbert.embed import embed, load_model
 from egbert.errors import ConfigError, DataError
 from egbert.evaluation.results import (
+    add_model_and_task_arguments,
+    add_run_arguments,
     check_data_dir,
     check_positive,
     check_split_present,
+    evaluate_tasks,
     format_metrics,
     glue_average,
     majority_score,
@@ -306,11 +308,14 @@ def run_probe(
         "seed": seed,
         "classifier": "logistic regression (C by held-out GLUE score) / ridge (alpha by LOO)",
     }
-    results: dict[str, Any] = {"model": str(model_dir), "options": options, "tasks": {}}
-    for task in task_list:
-        results["tasks"][task.name] = probe_task(
+    results = evaluate_tasks(
+        model_dir,
+        options,
+        task_list,
+        lambda task: probe_task(
             task, model, tokenizer, data_dir, features, pool, max_train_samples, batch_size, seed
-        )
+        ),
+    )
     scores = {name: result["score"] for name, result in results["tasks"].items()}
     results["glue_average"] = glue_average(scores)
     if output_dir is not None:
@@ -357,16 +362,11 @@ def build_parser() -> argparse.ArgumentParser:
             "--data-dir data/glue --features last4-concat --output-dir runs/bert-mini/probe"
         ),
     )
-    parser.add_argument("--model", required=True, type=Path, help="model directory")
-    parser.add_argument(
-        "--task",
-        required=True,
-        nargs="+",
-        action="extend",
-        help=f"GLUE task(s) ({', '.join(GLUE_TASKS)}), or all: those with train and dev files "
-        "in --data-dir",
+    add_model_and_task_arguments(
+        parser,
+        f"GLUE task(s) ({', '.join(GLUE_TASKS)}), or all: those with train and dev files in "
+        "--data-dir",
     )
-    parser.add_argument("--data-dir", required=True, type=Path, help="the GLUE folder")
     parser.add_argument(
         "--features",
         choices=FEATURES,
@@ -388,30 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit on a seeded random draw of this many training examples (default: %(default)s)",
     )
     parser.add_argument("--batch-size", type=int, default=64, help="(default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
-    parser.add_argument(
-        "--output-dir", type=Path, help=f"write {RESULTS_FILE} here (default: print only)"
-    )
-    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
-    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
+    add_run_arguments(parser, RESULTS_FILE)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    results = run_probe(
-        args.model,
-        args.task,
-        args.data_dir,
-        features=args.features,
-        pool=args.pool,
-        max_train_samples=args.max_train_samples,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        output_dir=args.output_dir,
-        device=args.device,
-        allow_pickle=args.allow_pickle,
-    )
+    results = run_probe(**vars(args))
     print(results_table(results))
     if args.output_dir is not None:
         print(f"egbert probe: wrote {args.output_dir / RESULTS_FILE}")

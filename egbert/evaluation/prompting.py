@@ -48,11 +48,14 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
-from egbert.checkpoints import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
+from egbert.checkpoints import load_pretrained, read_model_config
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.evaluation.results import (
+    add_model_and_task_arguments,
+    add_run_arguments,
     check_data_dir,
     check_positive,
+    evaluate_tasks,
     format_metrics,
     majority_score,
     present_eval_splits,
@@ -455,11 +458,14 @@ def run_prompt_eval(
         "seed": seed,
         "demonstrations": "balanced over the labels, one seeded draw per k for every example",
     }
-    results: dict[str, Any] = {"model": str(model_dir), "options": options, "tasks": {}}
-    for task in task_list:
-        results["tasks"][task.name] = prompt_task(
+    results = evaluate_tasks(
+        model_dir,
+        options,
+        task_list,
+        lambda task: prompt_task(
             task, model, tokenizer, data_dir, shots, calibrate, max_eval_samples, batch_size, seed
-        )
+        ),
+    )
     if output_dir is not None:
         write_results(results, output_dir, RESULTS_FILE)
     return results
@@ -505,15 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
             "--calibrate --max-eval-samples 500 --data-dir data/glue"
         ),
     )
-    parser.add_argument("--model", required=True, type=Path, help="gpt model directory")
-    parser.add_argument(
-        "--task",
-        required=True,
-        nargs="+",
-        action="extend",
-        help=f"task(s) with a prompt format ({', '.join(PROMPTS)}), or all",
+    add_model_and_task_arguments(
+        parser, f"task(s) with a prompt format ({', '.join(PROMPTS)}), or all"
     )
-    parser.add_argument("--data-dir", required=True, type=Path, help="the GLUE folder")
     parser.add_argument(
         "--shots",
         type=int,
@@ -534,30 +534,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--batch-size", type=int, default=16, help="sequences per forward (default: %(default)s)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
-    parser.add_argument(
-        "--output-dir", type=Path, help=f"write {RESULTS_FILE} here (default: print only)"
-    )
-    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
-    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
+    add_run_arguments(parser, RESULTS_FILE)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    results = run_prompt_eval(
-        args.model,
-        args.task,
-        args.data_dir,
-        shots=args.shots,
-        calibrate=args.calibrate,
-        max_eval_samples=args.max_eval_samples,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        output_dir=args.output_dir,
-        device=args.device,
-        allow_pickle=args.allow_pickle,
-    )
+    results = run_prompt_eval(**vars(args))
     for name, task in results["tasks"].items():
         if "note" in task:
             print(f"egbert prompt-eval: {name}: {task['note']}")

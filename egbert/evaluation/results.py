@@ -6,14 +6,17 @@ mean of its metrics), so a probe or prompting number sits next to a fine-tuning 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from egbert.checkpoints import ALLOW_PICKLE_HELP
 from egbert.errors import ConfigError, DataError
 from egbert.finetune.metrics import compute_task_metrics, glue_score, task_score
 from egbert.finetune.tasks import SCORED_TASKS, Task, split_file
@@ -75,23 +78,52 @@ def glue_average(task_scores: Mapping[str, float]) -> dict | None:
     return {"score": glue_score(glue_tasks), "tasks": sorted(glue_tasks)}
 
 
-METRIC_NAMES = {
-    "accuracy": "acc",
-    "f1": "F1",
-    "matthews_correlation": "MCC",
-    "pearson": "Pearson",
-    "spearmanr": "Spearman",
-}
-
-
 def format_metrics(metrics_by_split: Mapping[str, Mapping[str, float]]) -> str:
-    """{"validation": {"accuracy": 0.8, "f1": 0.85}} -> "acc 80.00 / F1 85.00"."""
-    parts = []
-    for split, metrics in metrics_by_split.items():
-        tag = split.removeprefix("validation").strip("_")
-        text = " / ".join(f"{METRIC_NAMES.get(k, k)} {100 * v:.2f}" for k, v in metrics.items())
-        parts.append(f"{tag} {text}" if tag else text)
-    return "; ".join(parts)
+    """{"validation": {"accuracy": 0.8, "f1": 0.85}} -> "accuracy 80.00 / f1 85.00" (each
+    split named when there are several, as MNLI's matched and mismatched)."""
+    several = len(metrics_by_split) > 1
+    return "; ".join(
+        (f"{split}: " if several else "")
+        + " / ".join(f"{name} {100 * value:.2f}" for name, value in metrics.items())
+        for split, metrics in metrics_by_split.items()
+    )
+
+
+def add_model_and_task_arguments(parser: argparse.ArgumentParser, task_help: str) -> None:
+    """--model, --task and --data-dir, named as the run functions' arguments."""
+    parser.add_argument(
+        "--model", dest="model_dir", metavar="DIR", required=True, type=Path,
+        help="the model directory, with its tokenizer",
+    )  # fmt: skip
+    parser.add_argument(
+        "--task", dest="tasks", metavar="TASK", required=True, nargs="+", action="extend",
+        help=task_help,
+    )  # fmt: skip
+    parser.add_argument(
+        "--data-dir", metavar="DIR", required=True, type=Path,
+        help="the GLUE folder (DIR/SST-2/train.tsv, ...)",
+    )  # fmt: skip
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, results_file: str) -> None:
+    """--seed, --output-dir, --device and --allow-pickle."""
+    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument(
+        "--output-dir", type=Path, help=f"write {results_file} here (default: print only)"
+    )
+    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
+
+
+def evaluate_tasks(
+    model_dir: str | os.PathLike,
+    options: dict[str, Any],
+    tasks: Sequence[Task],
+    evaluate_task: Callable[[Task], dict[str, Any]],
+) -> dict[str, Any]:
+    """{"model", "options", "tasks": {name: evaluate_task(task)}}: what both results files hold."""
+    results = {task.name: evaluate_task(task) for task in tasks}
+    return {"model": str(model_dir), "options": options, "tasks": results}
 
 
 def write_results(results: dict, output_dir: str | os.PathLike, name: str) -> Path:
