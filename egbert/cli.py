@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pretrain": ("egbert.pretrain.run", "pretrain a bert, gpt or elmo model on text files"),
     "finetune": ("egbert.finetune.run", "fine-tune and evaluate a model on GLUE or custom tasks"),
     "embed": ("egbert.embed", "extract sentence or token embeddings from a model"),
+    "probe": ("egbert.evaluation.probe", "score a frozen model's features with a linear probe"),
+    "prompt-eval": ("egbert.evaluation.prompting", "score a gpt model by k-shot prompting"),
     "generate": ("egbert.generate", "generate text with a gpt model"),
     "convert": ("egbert.models.convert", "convert stock transformers BERT/GPT-2 <-> egbert"),
     "quickstart": ("egbert.quickstart", "run the whole pipeline on the data in $EGBERT_DATA"),

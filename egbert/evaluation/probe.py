@@ -1,0 +1,400 @@
+"""Frozen-feature probe: what a model's sentence vectors already hold about a task (`egbert probe`).
+
+The feature-based evaluation of ELMo (Peters et al. 2018) and SentEval (Conneau and Kiela 2018):
+the model stays frozen and every example becomes one vector, pooled from chosen layers; a linear
+model is trained on the training split's vectors and scored on dev with GLUE's metric. Works for
+egbert's bert, gpt and elmo models and for stock BERT / GPT-2 directories that `egbert embed`
+loads; the vectors come from `egbert.embed.embed` (no grad, batched by length).
+
+- `--features`: `last` (the last layer), `last4-concat` / `last4-sum` (the last four entries of
+  `hidden_states`, top first, as the fine-tuning heads take them; all of them for a model with
+  fewer) or `all-mean` (every entry, embeddings included, averaged: ELMo's scalar mix with equal
+  weights, since a frozen probe has no weights to learn them with).
+- `--pool`: `mean` over the real tokens (default: a frozen pretrained [CLS] is a weak sentence
+  vector, Reimers and Gurevych 2019), or `cls`, the family's summary position as the heads
+  define it: BERT's first token ([CLS], its hidden state, not the NSP pooler), GPT's last real
+  token (the only one that has read the whole input), ELMo's forward state at the last token next
+  to its backward state at the first. Each layer is pooled before the layers are combined.
+- Classification: scikit-learn's LogisticRegression on standardized vectors; its inverse
+  regularization strength C is chosen from C_GRID by the task's own GLUE score on a held-out
+  fifth of the training vectors (stratified), then refit on all of them. One split rather than
+  k-fold cross-validation: seven fits instead of thirty-five, and a few thousand held-out
+  examples already tell the grid's points apart.
+- Regression (STS-B): RidgeCV, whose efficient leave-one-out error picks alpha from ALPHA_GRID
+  at the cost of a single fit.
+
+Usage:
+    egbert probe --model runs/bert-mini --task sst2 rte --data-dir $EGBERT_DATA/glue
+    egbert probe --model runs/elmo-tiny --task all --data-dir $EGBERT_DATA/glue \\
+        --features all-mean --pool cls --output-dir runs/elmo-tiny/probe
+
+Python:
+    from egbert.evaluation import run_probe
+    results = run_probe("runs/bert-mini", ["sst2", "stsb"], "data/glue", features="last4-concat")
+    results["tasks"]["sst2"]["score"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression, RidgeCV
+from sklearn.model_selection import train_test_split
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import StandardScaler
+from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from egbert.embed import embed, load_model
+from egbert.errors import ConfigError, DataError
+from egbert.evaluation.results import (
+    add_model_and_task_arguments,
+    add_run_arguments,
+    check_data_dir,
+    check_positive,
+    check_split_present,
+    evaluate_tasks,
+    format_metrics,
+    glue_average,
+    majority_score,
+    present_eval_splits,
+    sample_indices,
+    scored,
+    write_results,
+)
+from egbert.finetune.metrics import task_score
+from egbert.finetune.tasks import GLUE_TASKS, Task, available_tasks, get_task, read_glue_split
+from egbert.models.heads import LAST_LAYERS
+
+FEATURES = ("last", "last4-concat", "last4-sum", "all-mean")
+POOLS = ("mean", "cls")
+RESULTS_FILE = "probe_results.json"
+C_GRID = tuple(float(c) for c in np.logspace(-4, 2, 7))  # 1e-4 ... 100
+ALPHA_GRID = tuple(float(a) for a in np.logspace(-2, 5, 8))  # 0.01 ... 1e5
+HOLDOUT_FRACTION = 0.2
+
+# Where each family sums a sentence up, as its fine-tuning head does (egbert.models.heads), in
+# terms of `embed`'s pools: BERT's first token, GPT's last real token, and for ELMo the forward
+# half of each layer at the last token next to the backward half at the first token.
+SUMMARY_POOLS: dict[str, tuple[str, ...]] = {
+    "egbert-bert": ("cls",),
+    "egbert-gpt": ("last",),
+    "egbert-elmo": ("last", "cls"),
+    "bert": ("cls",),  # stock transformers checkpoints, which `load_model` reads as they are
+    "gpt2": ("last",),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Sentence vectors
+
+
+def feature_layers(features: str, num_layers: int) -> tuple[list[int], str]:
+    """(indices into hidden_states, how `embed` combines them) for a --features choice."""
+    if features == "last":
+        return [-1], "none"
+    if features == "all-mean":
+        return list(range(num_layers + 1)), "mean"
+    top_first = [-i for i in range(1, min(LAST_LAYERS, num_layers + 1) + 1)]
+    return top_first, "concat" if features == "last4-concat" else "sum"
+
+
+def summary_pools(config: PretrainedConfig) -> tuple[str, ...]:
+    pools = SUMMARY_POOLS.get(config.model_type)
+    if pools is None:
+        raise ConfigError(
+            f"--pool cls: egbert knows no summary position for model_type "
+            f"{config.model_type!r} (it knows {', '.join(SUMMARY_POOLS)}); use --pool mean"
+        )
+    return pools
+
+
+def sentence_vectors(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    items: Sequence[str | tuple[str, str]],
+    features: str,
+    pool: str,
+    batch_size: int,
+) -> np.ndarray:
+    """One float32 vector per text or pair: (inputs, dim)."""
+    layers, combine = feature_layers(features, model.config.num_hidden_layers)
+    options = dict(layers=layers, combine=combine, batch_size=batch_size, tokenizer=tokenizer)
+    pools = ("mean",) if pool == "mean" else summary_pools(model.config)
+    # Pooling is linear, so pooling the combined layers equals combining the pooled layers.
+    pooled = [embed(model, items, pool=name, **options) for name in pools]
+    if len(pooled) == 1:
+        return pooled[0]
+    # ELMo: every layer is [forward; backward]; take the forward halves at the last token and
+    # the backward halves at the first, layer by layer when the layers are concatenated.
+    blocks = len(layers) if combine == "concat" else 1
+    at_last, at_first = (vectors.reshape(len(items), blocks, 2, -1) for vectors in pooled)
+    ends = np.concatenate([at_last[:, :, :1], at_first[:, :, 1:]], axis=2)
+    return ends.reshape(len(items), -1)
+
+
+def task_inputs(task: Task, dataset) -> list[str | tuple[str, str]]:
+    columns = [list(dataset[name]) for name in task.text_columns]
+    return list(columns[0]) if len(columns) == 1 else list(zip(*columns, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# The linear probe
+
+
+def logistic_probe(c: float, seed: int) -> Pipeline:
+    return make_pipeline(
+        StandardScaler(), LogisticRegression(C=c, max_iter=2000, random_state=seed)
+    )
+
+
+def choose_c(task: Task, vectors: np.ndarray, labels: np.ndarray, seed: int) -> float:
+    """The C of C_GRID with the best GLUE score on a stratified held-out part of the training
+    vectors; ties go to the smaller C (the stronger regularization)."""
+    counts = Counter(labels.tolist())
+    if len(counts) < task.num_labels or min(counts.values()) < 2:
+        found = {task.id2label[label]: count for label, count in sorted(counts.items())}
+        raise DataError(
+            f"{task.name}: the probe needs two training examples of every label; the "
+            f"{len(labels)} drawn hold {found}; raise --max-train-samples"
+        )
+    holdout = max(len(counts), round(HOLDOUT_FRACTION * len(labels)))
+    fit_x, held_x, fit_y, held_y = train_test_split(
+        vectors, labels, test_size=holdout, stratify=labels, random_state=seed
+    )
+    best_c, best_score = C_GRID[0], -np.inf
+    for c in C_GRID:
+        predictions = logistic_probe(c, seed).fit(fit_x, fit_y).predict(held_x)
+        score = task_score({"holdout": scored(task, predictions, held_y)})
+        if score > best_score:
+            best_c, best_score = c, score
+    return best_c
+
+
+def fit_probe(
+    task: Task, vectors: np.ndarray, labels: np.ndarray, seed: int
+) -> tuple[Pipeline, dict[str, float]]:
+    """The fitted probe and the regularization it chose ({"C": ...} or {"alpha": ...})."""
+    if task.is_regression:
+        probe = make_pipeline(StandardScaler(), RidgeCV(alphas=ALPHA_GRID)).fit(vectors, labels)
+        return probe, {"alpha": float(probe[-1].alpha_)}
+    c = choose_c(task, vectors, labels, seed)
+    return logistic_probe(c, seed).fit(vectors, labels), {"C": c}
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks, runs, the table
+
+
+def resolve_tasks(names: Sequence[str] | str, data_dir: Path) -> list[Task]:
+    """GLUE tasks by name ("all": those with train and dev files in data_dir), files checked."""
+    names = [names] if isinstance(names, str) else list(names)
+    if not names:
+        raise ConfigError("no task given; pass --task (a GLUE task name, several, or all)")
+    if "all" in names:
+        names = available_tasks(data_dir)
+        if not names:
+            raise DataError(
+                f"no GLUE task has its train and dev files in {data_dir}; "
+                "expected e.g. SST-2/train.tsv and SST-2/dev.tsv"
+            )
+    tasks = list({task.name: task for task in map(get_task, names)}.values())
+    for task in tasks:
+        if task.trained_as:
+            raise ConfigError(
+                f"{task.name} has no training data to fit a probe on; probe {task.trained_as}"
+            )
+        check_split_present(task, "train", data_dir)
+        present_eval_splits(task, data_dir)
+    return tasks
+
+
+def check_probe_options(features: str, pool: str, max_train_samples: int | None, batch_size: int):
+    if features not in FEATURES:
+        raise ConfigError(f"--features {features!r} is not one of {', '.join(FEATURES)}")
+    if pool not in POOLS:
+        raise ConfigError(f"--pool {pool!r} is not one of {', '.join(POOLS)}")
+    check_positive("--max-train-samples", max_train_samples)
+    check_positive("--batch-size", batch_size)
+
+
+def probe_task(
+    task: Task,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    data_dir: Path,
+    features: str,
+    pool: str,
+    max_train_samples: int | None,
+    batch_size: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Fit the probe on (a sample of) the task's training split; score it on every dev split."""
+    start = time.perf_counter()
+    train = read_glue_split(task, "train", data_dir)
+    train = train.select(sample_indices(len(train), max_train_samples, np.random.default_rng(seed)))
+    labels = np.asarray(train["label"])
+    vectors = sentence_vectors(
+        model, tokenizer, task_inputs(task, train), features, pool, batch_size
+    )
+    probe, regularization = fit_probe(task, vectors, labels, seed)
+    metrics, dev_labels = {}, []
+    for split in present_eval_splits(task, data_dir):
+        dev = read_glue_split(task, split, data_dir)
+        dev_vectors = sentence_vectors(
+            model, tokenizer, task_inputs(task, dev), features, pool, batch_size
+        )
+        metrics[split] = scored(task, probe.predict(dev_vectors), dev["label"])
+        dev_labels += list(dev["label"])
+    return {
+        "metrics": metrics,
+        "score": task_score(metrics),
+        "majority_score": None if task.is_regression else majority_score(task, labels, dev_labels),
+        "n_train": len(train),
+        "n_dev": len(dev_labels),
+        "feature_size": int(vectors.shape[1]),
+        "regularization": regularization,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def run_probe(
+    model_dir: str | os.PathLike,
+    tasks: Sequence[str] | str,
+    data_dir: str | os.PathLike,
+    *,
+    features: str = "last",
+    pool: str = "mean",
+    max_train_samples: int | None = 4000,
+    batch_size: int = 64,
+    seed: int = 0,
+    output_dir: str | os.PathLike | None = None,
+    device: str | None = None,
+    allow_pickle: bool = False,
+) -> dict[str, Any]:
+    """Probe a frozen model on GLUE tasks; returns (and with output_dir writes) the results.
+
+    Args:
+        model_dir: a saved model directory with its tokenizer (egbert bert/gpt/elmo, or a stock
+            BERT / GPT-2 one).
+        tasks: GLUE task names, or "all" for every task with train and dev files in data_dir.
+        data_dir: the GLUE folder (data_dir/SST-2/train.tsv, ...).
+        features: one of FEATURES; pool: one of POOLS (see the module docstring).
+        max_train_samples: fit on at most this many training examples (a seeded random draw);
+            None: all of them. The dev splits are always scored in full.
+        output_dir: where probe_results.json goes (nothing is written when None).
+
+    Returns:
+        {"model", "options", "tasks": {name: {"metrics": {split: {metric: value}}, "score",
+        "majority_score", "n_train", "n_dev", "feature_size", "regularization", "seconds"}},
+        "glue_average": {"score", "tasks"} or None}; metric values and scores are fractions.
+    """
+    check_probe_options(features, pool, max_train_samples, batch_size)
+    data_dir = check_data_dir(data_dir)
+    task_list = resolve_tasks(tasks, data_dir)
+    model, tokenizer = load_model(model_dir, device, allow_pickle)
+    if pool == "cls":
+        summary_pools(model.config)  # refuse an unknown family before any work
+    options = {
+        "features": features,
+        "pool": pool,
+        "max_train_samples": max_train_samples,
+        "seed": seed,
+        "classifier": "logistic regression (C by held-out GLUE score) / ridge (alpha by LOO)",
+    }
+    results = evaluate_tasks(
+        model_dir,
+        options,
+        task_list,
+        lambda task: probe_task(
+            task, model, tokenizer, data_dir, features, pool, max_train_samples, batch_size, seed
+        ),
+    )
+    scores = {name: result["score"] for name, result in results["tasks"].items()}
+    results["glue_average"] = glue_average(scores)
+    if output_dir is not None:
+        write_results(results, output_dir, RESULTS_FILE)
+    return results
+
+
+def results_table(results: dict[str, Any]) -> str:
+    """A Markdown table of the probe's dev results (percentages)."""
+    lines = [
+        "| task | dev metrics | score | majority | train examples | regularization | seconds |",
+        "|---|---|---:|---:|---:|---|---:|",
+    ]
+    for name, r in results["tasks"].items():
+        majority = "" if r["majority_score"] is None else f"{100 * r['majority_score']:.2f}"
+        regularization = ", ".join(f"{k} {v:.3g}" for k, v in r["regularization"].items())
+        lines.append(
+            f"| {name} | {format_metrics(r['metrics'])} | {100 * r['score']:.2f} | {majority} "
+            f"| {r['n_train']} | {regularization} | {r['seconds']:.1f} |"
+        )
+    average = results["glue_average"]
+    if average:
+        lines.append(
+            f"| average ({', '.join(average['tasks'])}) | | {100 * average['score']:.2f} | | | | |"
+        )
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="egbert probe",
+        description=(
+            "Probe a frozen model: pool one vector per example from chosen layers, fit a "
+            "logistic regression (ridge for STS-B) on the training split's vectors, and score "
+            "it on dev with GLUE's metric. Nothing of the model is trained."
+        ),
+        epilog=(
+            "The probe's regularization is chosen per task: logistic regression's C from "
+            f"{C_GRID[0]:g}..{C_GRID[-1]:g} by the task's GLUE score on a held-out fifth of the "
+            f"training vectors, ridge's alpha from {ALPHA_GRID[0]:g}..{ALPHA_GRID[-1]:g} by "
+            "leave-one-out error; features are standardized. The table gives each task's dev "
+            "metrics, its score, the majority-label score it has to beat and the chosen "
+            "regularization. Example: egbert probe --model runs/bert-mini --task sst2 stsb "
+            "--data-dir data/glue --features last4-concat --output-dir runs/bert-mini/probe"
+        ),
+    )
+    add_model_and_task_arguments(
+        parser,
+        f"GLUE task(s) ({', '.join(GLUE_TASKS)}), or all: those with train and dev files in "
+        "--data-dir",
+    )
+    parser.add_argument(
+        "--features",
+        choices=FEATURES,
+        default="last",
+        help="last layer; last four concatenated or summed; all layers averaged "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--pool",
+        choices=POOLS,
+        default="mean",
+        help="mean over real tokens, or cls: the family's summary position (BERT's [CLS], "
+        "GPT's last token, ELMo's two sentence ends) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-train-samples",
+        type=int,
+        default=4000,
+        help="fit on a seeded random draw of this many training examples (default: %(default)s)",
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="(default: %(default)s)")
+    add_run_arguments(parser, RESULTS_FILE)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    results = run_probe(**vars(args))
+    print(results_table(results))
+    if args.output_dir is not None:
+        print(f"egbert probe: wrote {args.output_dir / RESULTS_FILE}")

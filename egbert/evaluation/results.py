@@ -1,0 +1,141 @@
+"""What the probe and prompt evaluation share: task checks, sampling, GLUE scoring, their files.
+
+Scores always come from `egbert.finetune.metrics` (GLUE's metric per task, a task's score the
+mean of its metrics), so a probe or prompting number sits next to a fine-tuning one unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from egbert.checkpoints import ALLOW_PICKLE_HELP
+from egbert.errors import ConfigError, DataError
+from egbert.finetune.metrics import compute_task_metrics, glue_score, task_score
+from egbert.finetune.tasks import SCORED_TASKS, Task, split_file
+
+
+def check_data_dir(data_dir: str | os.PathLike) -> Path:
+    path = Path(data_dir)
+    if not path.is_dir():
+        raise DataError(f"--data-dir {path}: no such folder; pass the GLUE folder")
+    return path
+
+
+def check_split_present(task: Task, split: str, data_dir: Path) -> None:
+    """DataError naming the file expected, before any model is loaded."""
+    if split_file(task, split, data_dir) is None:
+        names = " or ".join(str(data_dir / task.dir_name / name) for name in task.files[split])
+        raise DataError(f"{task.name} {split} file not found: {names}; check --data-dir")
+
+
+def present_eval_splits(task: Task, data_dir: Path) -> list[str]:
+    """The task's dev splits found under data_dir (MNLI: matched and, if there, mismatched)."""
+    check_split_present(task, task.eval_splits[0], data_dir)
+    return [split for split in task.eval_splits if split_file(task, split, data_dir)]
+
+
+def check_positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(f"{name} must be at least 1, got {value}")
+
+
+def sample_indices(count: int, limit: int | None, rng: np.random.Generator) -> np.ndarray:
+    """`limit` indices drawn without replacement from range(count), in file order (all if None).
+
+    A random draw, not the first rows: GLUE's files are not shuffled (SST-2's train file, for
+    one, holds phrases of the same sentence next to each other)."""
+    if limit is None or limit >= count:
+        return np.arange(count)
+    return np.sort(rng.choice(count, size=limit, replace=False))
+
+
+def scored(task: Task, predictions: Sequence, references: Sequence) -> dict[str, float]:
+    return compute_task_metrics(task, list(predictions), list(references))
+
+
+def majority_score(task: Task, train_labels: Sequence[int], dev_labels: Sequence[int]) -> float:
+    """The score of always answering the most frequent training label: the floor a probe or a
+    prompt has to beat to show it learned anything (MRPC's is far above 50). A tie goes to the
+    smallest label id."""
+    counts = Counter(train_labels)
+    majority = max(sorted(counts), key=counts.__getitem__)
+    return task_score({"dev": scored(task, [majority] * len(dev_labels), dev_labels)})
+
+
+def glue_average(task_scores: Mapping[str, float]) -> dict | None:
+    """The mean score over the GLUE tasks that ran, with their names (None for fewer than two)."""
+    glue_tasks = {name: score for name, score in task_scores.items() if name in SCORED_TASKS}
+    if len(glue_tasks) < 2:
+        return None
+    return {"score": glue_score(glue_tasks), "tasks": sorted(glue_tasks)}
+
+
+def format_metrics(metrics_by_split: Mapping[str, Mapping[str, float]]) -> str:
+    """{"validation": {"accuracy": 0.8, "f1": 0.85}} -> "accuracy 80.00 / f1 85.00" (each
+    split named when there are several, as MNLI's matched and mismatched)."""
+    several = len(metrics_by_split) > 1
+    return "; ".join(
+        (f"{split}: " if several else "")
+        + " / ".join(f"{name} {100 * value:.2f}" for name, value in metrics.items())
+        for split, metrics in metrics_by_split.items()
+    )
+
+
+def add_model_and_task_arguments(parser: argparse.ArgumentParser, task_help: str) -> None:
+    """--model, --task and --data-dir, named as the run functions' arguments."""
+    parser.add_argument(
+        "--model", dest="model_dir", metavar="DIR", required=True, type=Path,
+        help="the model directory, with its tokenizer",
+    )  # fmt: skip
+    parser.add_argument(
+        "--task", dest="tasks", metavar="TASK", required=True, nargs="+", action="extend",
+        help=task_help,
+    )  # fmt: skip
+    parser.add_argument(
+        "--data-dir", metavar="DIR", required=True, type=Path,
+        help="the GLUE folder (DIR/SST-2/train.tsv, ...)",
+    )  # fmt: skip
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, results_file: str) -> None:
+    """--seed, --output-dir, --device and --allow-pickle."""
+    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument(
+        "--output-dir", type=Path, help=f"write {results_file} here (default: print only)"
+    )
+    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
+
+
+def evaluate_tasks(
+    model_dir: str | os.PathLike,
+    options: dict[str, Any],
+    tasks: Sequence[Task],
+    evaluate_task: Callable[[Task], dict[str, Any]],
+) -> dict[str, Any]:
+    """{"model", "options", "tasks": {name: evaluate_task(task)}}: what both results files hold."""
+    results = {task.name: evaluate_task(task) for task in tasks}
+    return {"model": str(model_dir), "options": options, "tasks": results}
+
+
+def write_results(results: dict, output_dir: str | os.PathLike, name: str) -> Path:
+    """Write `results` as output_dir/name, through a temp file renamed into place, so an
+    interrupted run never leaves half a file where an earlier complete one was."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / name
+    temp = folder / f".{name}.{os.getpid()}.tmp"
+    try:
+        temp.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        os.replace(temp, target)
+    finally:
+        temp.unlink(missing_ok=True)
+    return target

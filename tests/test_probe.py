@@ -1,0 +1,216 @@
+"""`egbert probe`: frozen features of tiny bert, gpt and elmo models (random weights, saved with
+the trained test tokenizer) through a linear probe, on GLUE rows and on synthetic tasks where the
+probe must succeed (the label is in the text) or fail (the label is noise)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from egbert.cli import main as cli_main
+from egbert.embed import load_model
+from egbert.evaluation import run_probe
+from egbert.evaluation.probe import fit_probe, sentence_vectors
+from egbert.finetune.metrics import compute_task_metrics
+from egbert.finetune.tasks import get_task
+from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
+from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
+from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.models.heads import (
+    EgbertBertForSequenceClassification,
+    EgbertElmoForSequenceClassification,
+    EgbertGPTForSequenceClassification,
+)
+
+TRANSFORMER = {
+    "hidden_size": 32,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 128,
+}
+TINY_MODELS = {
+    "bert": (EgbertBertConfig, EgbertBertForPreTraining, TRANSFORMER),
+    "gpt": (EgbertGPTConfig, EgbertGPTForCausalLM, TRANSFORMER),
+    "elmo": (EgbertElmoConfig, EgbertElmoForBidirectionalLM, {"hidden_size": 16, "cell_size": 32}),
+}
+FAMILIES = list(TINY_MODELS)
+HEADS = {
+    "bert": EgbertBertForSequenceClassification,
+    "gpt": EgbertGPTForSequenceClassification,
+    "elmo": EgbertElmoForSequenceClassification,
+}
+TEXTS = [
+    "The castle was rebuilt in the twelfth century.",
+    "Rain.",
+    ("Who rebuilt the castle?", "The king's engineers rebuilt it after the siege."),
+]
+FILLER = ("the", "a", "river", "castle", "king", "rain", "city", "old", "new", "north", "war")
+
+pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Each family's pretraining model (random weights; 4 layers, so last4 is not all of them)
+    saved with the tokenizer, as a pretraining run leaves it."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    dirs = {}
+    for family, (config_class, model_class, sizes) in TINY_MODELS.items():
+        config = config_class(
+            vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, num_hidden_layers=4,
+            **sizes,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        dirs[family] = tmp_path_factory.mktemp(f"probe-{family}")
+        model_class(config).save_pretrained(dirs[family])
+        tokenizer.save_pretrained(dirs[family])
+    return dirs
+
+
+def error_line(argv: list[str], capsys) -> str:
+    """The one line `egbert ARGV` exits with: an EgbertError's message, or argparse's own."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(argv)
+    code = exit_info.value.code
+    return code if isinstance(code, str) else capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scores_of_a_classification_task_and_stsb_are_in_range(family, family_dirs, micro_data):
+    results = run_probe(
+        family_dirs[family], ["rte", "stsb"], micro_data / "glue", features="last4-concat",
+        pool="cls",
+    )  # fmt: skip
+    rte, stsb = results["tasks"]["rte"], results["tasks"]["stsb"]
+    assert (rte["n_train"], rte["n_dev"], stsb["n_train"], stsb["n_dev"]) == (24, 16, 24, 16)
+    assert 0 <= rte["metrics"]["validation"]["accuracy"] <= 1
+    assert rte["score"] == rte["metrics"]["validation"]["accuracy"]
+    assert rte["majority_score"] == 10 / 16  # a 12/12 tie in train goes to label 0: 10 in dev
+    for name in ("pearson", "spearmanr"):
+        assert -1 <= stsb["metrics"]["validation"][name] <= 1
+    assert math.isfinite(stsb["score"]) and stsb["majority_score"] is None
+    assert set(rte["regularization"]) == {"C"} and set(stsb["regularization"]) == {"alpha"}
+    assert results["glue_average"]["tasks"] == ["rte", "stsb"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+@pytest.mark.parametrize("features", ["last4-concat", "last4-sum"])
+def test_vectors_are_the_fine_tuning_heads_features(family, pool, features, family_dirs):
+    """The probe pools what the family's classification head pools (heads.sentence_features)."""
+    model, tokenizer = load_model(family_dirs[family], "cpu")
+    probed = sentence_vectors(model, tokenizer, TEXTS, features, pool, batch_size=2)
+    head = (
+        HEADS[family]
+        .from_pretrained(
+            family_dirs[family], num_labels=2, classifier_features=features, classifier_pool=pool
+        )
+        .eval()
+    )
+    for vector, text in zip(probed, TEXTS, strict=True):
+        inputs = tokenizer(*([text] if isinstance(text, str) else text), return_tensors="pt")
+        with torch.no_grad():
+            outputs = head.base_model(**inputs, output_hidden_states=True)
+            expected = head.sentence_features(outputs, inputs["attention_mask"])[0]
+        torch.testing.assert_close(torch.from_numpy(vector), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_all_mean_averages_every_layer_and_last_takes_the_top(family_dirs):
+    model, tokenizer = load_model(family_dirs["bert"], "cpu")
+    inputs = tokenizer(TEXTS[0], return_tensors="pt")
+    with torch.no_grad():
+        states = model(**inputs, output_hidden_states=True).hidden_states  # 5 entries
+    all_mean = sentence_vectors(model, tokenizer, TEXTS[:1], "all-mean", "mean", 4)[0]
+    last = sentence_vectors(model, tokenizer, TEXTS[:1], "last", "cls", 4)[0]
+    torch.testing.assert_close(torch.from_numpy(all_mean), torch.stack(states).mean((0, 2))[0])
+    torch.testing.assert_close(torch.from_numpy(last), states[-1][0, 0])
+
+
+def write_sst2_like(folder: Path, labelled_by_word: bool, seed: int) -> Path:
+    """A GLUE folder with an SST-2 of filler sentences; the label is either said by one word
+    ("excellent" or "terrible") in the sentence or drawn independently of it."""
+    rng = random.Random(seed)
+    for split, count in (("train", 200), ("dev", 150)):
+        lines = ["sentence\tlabel"]
+        for _ in range(count):
+            label = rng.randrange(2)
+            word_label = label if labelled_by_word else rng.randrange(2)
+            words = rng.choices(FILLER, k=8)
+            words.insert(rng.randrange(9), ("terrible", "excellent")[word_label])
+            lines.append(f"{' '.join(words)}\t{label}")
+        (folder / "SST-2").mkdir(parents=True, exist_ok=True)
+        (folder / "SST-2" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_probe_finds_a_label_in_the_text_and_nothing_in_noise(family, family_dirs, tmp_path):
+    signal = write_sst2_like(tmp_path / "signal", labelled_by_word=True, seed=0)
+    noise = write_sst2_like(tmp_path / "noise", labelled_by_word=False, seed=0)
+    found = run_probe(family_dirs[family], "sst2", signal, features="last4-concat")
+    chance = run_probe(family_dirs[family], "sst2", noise, features="last4-concat")
+    assert found["tasks"]["sst2"]["score"] > 0.9
+    assert abs(chance["tasks"]["sst2"]["score"] - 0.5) < 0.13  # 150 dev examples: sd 0.04
+
+
+def test_ridge_follows_a_linear_score_and_not_noise():
+    """STS-B's probe is a ridge regression: it recovers a linear score and finds none in noise."""
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(600, 24))
+    score = vectors @ rng.normal(size=24)
+    task = get_task("stsb")
+    for labels, low, high in (
+        (score + rng.normal(size=600), 0.9, 1.0),
+        (rng.normal(size=600), -0.15, 0.15),
+    ):
+        probe, regularization = fit_probe(task, vectors[:400], labels[:400], seed=0)
+        metrics = compute_task_metrics(task, probe.predict(vectors[400:]), labels[400:])
+        assert low < metrics["pearson"] < high, (metrics, regularization)
+
+
+def test_cli_prints_a_table_and_writes_the_results_on_sst2(family_dirs, data_dir, tmp_path, capsys):
+    argv = ["probe", "--model", str(family_dirs["gpt"]), "--task", "sst2", "--data-dir"]
+    argv += [str(data_dir / "glue"), "--max-train-samples", "200", "--output-dir", str(tmp_path)]
+    cli_main([*argv, "--pool", "cls", "--features", "all-mean"])
+    out = capsys.readouterr().out
+    results = json.loads((tmp_path / "probe_results.json").read_text())
+    sst2 = results["tasks"]["sst2"]
+    assert (sst2["n_train"], sst2["n_dev"]) == (200, 872)
+    assert 0 <= sst2["score"] <= 1 and sst2["feature_size"] == 32
+    assert results["options"]["features"] == "all-mean" and results["options"]["pool"] == "cls"
+    assert f"| sst2 | accuracy {100 * sst2['score']:.2f} |" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--task", "nope"], "unknown task 'nope'"),
+        (["--task", "qnli"], "qnli train file not found"),
+        (["--task", "ax"], "ax has no training data"),
+        (["--task", "rte", "--features", "last5"], "argument --features: invalid choice"),
+        (["--task", "rte", "--max-train-samples", "0"], "--max-train-samples must be at least 1"),
+        (["--task", "rte", "--max-train-samples", "3"], "the probe needs two training examples"),
+    ],
+)
+def test_bad_input_ends_in_one_line(args, expected, family_dirs, data_dir, tmp_path, capsys):
+    argv = ["probe", "--model", str(family_dirs["bert"]), "--data-dir", str(data_dir / "glue")]
+    message = error_line([*argv, *args, "--output-dir", str(tmp_path / "out")], capsys)
+    assert message.startswith("egbert probe: error: ") and expected in message, message
+    assert "\n" not in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_data_dir_or_model_is_one_line(family_dirs, data_dir, tmp_path, capsys):
+    missing = tmp_path / "missing"
+    for model, data in ((family_dirs["bert"], missing), (missing, data_dir / "glue")):
+        argv = ["probe", "--model", str(model), "--task", "rte", "--data-dir", str(data)]
+        message = error_line(argv, capsys)
+        assert message.startswith("egbert probe: error: "), message
+        assert "no such folder" in message or "model directory" in message, message

@@ -1,0 +1,240 @@
+"""`egbert prompt-eval`: k-shot prompting of a tiny egbert gpt (random weights, GPT-2's tokenizer)
+and of the real tiny GPT-2 checkpoint, as it is and converted with `egbert convert`, on the first
+rows of the shared GLUE files. Scores are checked against the model's own logits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from egbert.cli import main as cli_main
+from egbert.errors import DataError
+from egbert.evaluation import run_prompt_eval
+from egbert.evaluation.prompting import (
+    PROMPTS,
+    PromptFormat,
+    calibrated_scores,
+    draw_demonstrations,
+    encode_prompts,
+    fitted_context,
+    joined,
+    label_log_likelihoods,
+    load_causal_model,
+    scored_and_demonstrations,
+    shot_scores,
+)
+from egbert.finetune.tasks import get_task
+from egbert.models.bert import EgbertBertConfig, EgbertBertModel
+from egbert.models.convert import convert_checkpoint
+from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+
+# (task folder, file, rows kept after the header; CoLA's files have no header)
+ROWS = [
+    ("SST-2", "train.tsv", 40), ("SST-2", "dev.tsv", 24), ("CoLA", "train.tsv", 40),
+    ("CoLA", "dev.tsv", 24), ("MRPC", "train.tsv", 40), ("MRPC", "dev.tsv", 24),
+    ("RTE", "train.tsv", 24), ("RTE", "dev.tsv", 16), ("QNLI", "dev.tsv", 30),
+]  # fmt: skip
+SENTENCES = [
+    {"sentence": "a gripping, funny and moving film"},
+    {"sentence": "dull"},
+    {"sentence": "the plot goes nowhere and the actors seem to know it"},
+]
+
+pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
+
+
+@pytest.fixture(scope="module")
+def glue_dir(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first rows of the five prompt tasks' files (QNLI: dev only, as in the shared data)."""
+    root = tmp_path_factory.mktemp("prompt-glue")
+    for folder, name, rows in ROWS:
+        (root / folder).mkdir(exist_ok=True)
+        header = 0 if folder == "CoLA" else 1
+        with (data_dir / "glue" / folder / name).open(encoding="utf-8") as handle:
+            lines = [next(handle) for _ in range(rows + header)]
+        (root / folder / name).write_text("".join(lines), encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def gpt_dir(tiny_gpt2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny egbert gpt (random weights) saved with GPT-2's byte-level BPE tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    config = EgbertGPTConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=512,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("prompt-gpt")
+    EgbertGPTForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gpt(gpt_dir: Path):
+    return load_causal_model(gpt_dir, "cpu", allow_pickle=False)
+
+
+def exit_message(argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(argv)
+    return exit_info.value.code
+
+
+def by_hand(model, context: list[int], verbaliser: list[int]) -> float:
+    """log p(verbaliser | context) from the full model's logits, one sequence, no padding."""
+    with torch.no_grad():
+        logits = model(torch.tensor([context + verbaliser])).logits[0]
+    log_probs = logits.log_softmax(dim=-1)
+    first = len(context)
+    return sum(log_probs[first - 1 + j, token].item() for j, token in enumerate(verbaliser))
+
+
+def sentiment_prompts(tokenizer, prompt: PromptFormat):
+    """SENTENCES as queries after two labelled demonstrations (pool indices 7 and 3)."""
+    demonstrations = {7: ({"sentence": "a triumph"}, 1), 3: ({"sentence": "a mess"}, 0)}
+    return encode_prompts(tokenizer, prompt, ["sentence"], SENTENCES, demonstrations)
+
+
+def test_a_label_score_is_the_sum_of_its_tokens_log_probabilities(gpt):
+    model, tokenizer = gpt
+    prompt = PromptFormat("Review: {sentence}\nSentiment:", (" not good at all", " very good"))
+    prompts = sentiment_prompts(tokenizer, prompt)
+    assert [len(ids) for ids in prompts.verbalisers] == [4, 2]
+    contexts = [
+        fitted_context([prompts.demonstrations[i] for i in (7, 3)], q, 500)[0]
+        for q in prompts.queries
+    ]
+    # 6 candidates in batches of 4: rows of different lengths padded together
+    scores = label_log_likelihoods(model, contexts, prompts.verbalisers, batch_size=4)
+    assert scores.shape == (3, 2)
+    for i, context in enumerate(contexts):
+        for label, verbaliser in enumerate(prompts.verbalisers):
+            assert scores[i, label] == pytest.approx(by_hand(model, context, verbaliser), abs=1e-4)
+
+
+def test_calibration_divides_by_the_content_free_probabilities(gpt):
+    p, p_free = np.array([[0.6, 0.4]]), np.array([[0.9, 0.1]])
+    # unnormalized log-likelihoods: only the ratios between labels matter
+    calibrated = calibrated_scores(np.log(p) - 3.0, np.log(p_free) + 1.0)
+    np.testing.assert_allclose(calibrated, np.log(p / p_free))
+    assert calibrated.argmax() == 1 and p.argmax() == 0
+
+    model, tokenizer = gpt
+    prompts = sentiment_prompts(tokenizer, PROMPTS["sst2"])
+    run = shot_scores(model, prompts, [7, 3], calibrate=True, batch_size=8)
+    demonstrations = [prompts.demonstrations[i] for i in (7, 3)]
+    contexts = [joined(demonstrations, query, 500) for query in prompts.queries]
+    scores = label_log_likelihoods(model, contexts, prompts.verbalisers)
+    free = label_log_likelihoods(
+        model, [joined(demonstrations, prompts.content_free, 500)], prompts.verbalisers
+    )
+    p = np.exp(scores) / np.exp(scores).sum(1, keepdims=True)
+    p_free = np.exp(free) / np.exp(free).sum(1, keepdims=True)
+    np.testing.assert_allclose(run["scores"], scores)
+    np.testing.assert_allclose(run["calibrated"], np.log(p / p_free), rtol=1e-6)
+    assert run["kept"] == [2, 2, 2]
+
+
+def test_demonstrations_are_balanced_seeded_and_dropped_whole():
+    labels = np.array([0, 1] * 10)
+    draw = draw_demonstrations(labels, 5, num_labels=2, seed=3)
+    assert len(set(draw)) == 5 and sorted(np.bincount(labels[draw])) == [2, 3]
+    assert draw == draw_demonstrations(labels, 5, num_labels=2, seed=3)
+    assert draw != draw_demonstrations(labels, 5, num_labels=2, seed=4)
+    with pytest.raises(DataError, match="need 2 examples of label 1"):
+        draw_demonstrations(np.array([0, 0, 0, 1]), 4, num_labels=2, seed=0)
+
+    demonstrations = [[1, 2, 3], [4, 5], [6]]
+    assert fitted_context(demonstrations, [7, 8], 10) == ([1, 2, 3, 4, 5, 6, 7, 8], 3)
+    assert fitted_context(demonstrations, [7, 8], 6) == ([4, 5, 6, 7, 8], 2)
+    assert fitted_context(demonstrations, [7, 8], 4) == ([6, 7, 8], 1)
+    assert fitted_context(demonstrations, [7, 8], 1) == ([8], 0)  # the query's end stays
+
+
+def test_all_five_tasks_with_0_and_k_shots(gpt_dir, glue_dir, tmp_path, capsys):
+    argv = ["prompt-eval", "--model", str(gpt_dir), "--task", "all", "--shots", "0", "2"]
+    argv += ["--calibrate", "--max-eval-samples", "10", "--data-dir", str(glue_dir)]
+    cli_main([*argv, "--output-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    results = json.loads((tmp_path / "prompt_eval_results.json").read_text())
+    assert list(results["tasks"]) == ["sst2", "cola", "mrpc", "rte", "qnli"]
+    metric_names = {"cola": {"matthews_correlation"}, "mrpc": {"accuracy", "f1"}}
+    for name, task in results["tasks"].items():
+        assert task["n_eval"] == 10 and set(task["shots"]) == {"0", "2"}
+        assert task["shots"]["0"]["mean_demonstrations"] == 0
+        assert task["shots"]["2"]["mean_demonstrations"] == 2
+        for entry in task["shots"].values():
+            for scores in (entry, entry["calibrated"]):
+                metrics = scores["metrics"]["validation"]
+                assert set(metrics) == metric_names.get(name, {"accuracy"})
+                assert -1 <= scores["score"] <= 1
+        assert f"| {name} | 2, calibrated | 2.0 |" in out
+    assert results["tasks"]["qnli"]["demonstrations_from"] == "validation"
+    assert "qnli: no qnli train file" in out
+
+
+def test_qnli_never_scores_the_dev_examples_it_shows(glue_dir):
+    task = get_task("qnli")
+    dev, pool, draws, pool_split = scored_and_demonstrations(task, glue_dir, [4, 8], None, seed=0)
+    shown = {pool[i]["idx"] for draw in draws.values() for i in draw}
+    assert pool_split == "validation" and len(pool) == 30 and 4 <= len(shown) <= 12
+    assert set(dev["idx"]) == set(range(30)) - shown
+
+
+def test_stock_tiny_gpt2_scores_the_same_as_its_conversion(tiny_gpt2_dir, glue_dir, tmp_path):
+    converted = tmp_path / "egbert"
+    convert_checkpoint(tiny_gpt2_dir, converted)
+    assert json.loads((converted / "config.json").read_text())["model_type"] == "egbert-gpt"
+    options = dict(shots=[0, 3], calibrate=True, max_eval_samples=6, batch_size=5)
+    stock = run_prompt_eval(tiny_gpt2_dir, ["rte"], glue_dir, **options)["tasks"]["rte"]
+    ours = run_prompt_eval(converted, ["rte"], glue_dir, **options)["tasks"]["rte"]
+    for k in ("0", "3"):
+        stock["shots"][k].pop("seconds"), ours["shots"][k].pop("seconds")
+    assert ours == stock
+    stock_model, tokenizer = load_causal_model(tiny_gpt2_dir, "cpu", False)
+    our_model, _ = load_causal_model(converted, "cpu", False)
+    contexts = [tokenizer("The rain stopped.\nAnswer:")["input_ids"]]
+    verbalisers = [tokenizer(" True")["input_ids"], tokenizer(" False")["input_ids"]]
+    np.testing.assert_allclose(
+        label_log_likelihoods(our_model, contexts, verbalisers),
+        label_log_likelihoods(stock_model, contexts, verbalisers),
+        atol=1e-5,
+    )
+
+
+@pytest.fixture
+def bert_dir(tiny_gpt2_dir: Path, tmp_path: Path) -> Path:
+    config = EgbertBertConfig(
+        vocab_size=50257, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=32,
+    )  # fmt: skip
+    EgbertBertModel(config).save_pretrained(tmp_path / "bert")
+    AutoTokenizer.from_pretrained(tiny_gpt2_dir).save_pretrained(tmp_path / "bert")
+    return tmp_path / "bert"
+
+
+@pytest.mark.parametrize(
+    ("model", "args", "expected"),
+    [
+        ("bert", ["--task", "sst2"], "holds a 'egbert-bert' model; prompt-eval scores a left"),
+        ("gpt", ["--task", "stsb"], "no prompt format for stsb; choose from sst2"),
+        ("gpt", ["--task", "nope"], "unknown task 'nope'"),
+        ("gpt", ["--task", "sst2", "--shots", "-1"], "--shots must be >= 0"),
+        ("gpt", ["--task", "sst2", "--shots", "80"], "80 balanced demonstrations need 40"),
+        ("gpt", ["--task", "sst2", "--max-eval-samples", "0"], "--max-eval-samples must be at"),
+    ],
+)
+def test_bad_input_ends_in_one_line(model, args, expected, gpt_dir, bert_dir, glue_dir):
+    path = {"bert": bert_dir, "gpt": gpt_dir}[model]
+    message = exit_message(
+        ["prompt-eval", "--model", str(path), "--data-dir", str(glue_dir), *args]
+    )
+    assert message.startswith("egbert prompt-eval: error: ") and expected in message, message
+    assert "\n" not in message
