@@ -436,6 +436,10 @@ def arguments_from_options(
     )
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions and epilogs as written, and each option's default after its help."""
+
+
 def parse_args(
     dataclass_types: tuple[type, ...],
     argv: list[str] | None,
@@ -451,7 +455,7 @@ def parse_args(
         prog=prog,
         description=description,
         epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.set_defaults(**(defaults or {}))
     parser.add_argument(

@@ -35,7 +35,7 @@ from tokenizers import Encoding
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from egbert.checkpoints import ALLOW_PICKLE_HELP, first_line, load_pretrained
+from egbert.checkpoints import ALLOW_PICKLE_HELP, first_line, load_pretrained, resolve_model_dir
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.tokenizer import check_encoding, check_vocab_matches
 
@@ -88,7 +88,7 @@ def load_model(
     are read from safetensors; a pickle checkpoint (pytorch_model.bin, *.pt) needs
     `allow_pickle=True` and is then read with torch.load(weights_only=True).
     """
-    path = Path(model_dir).expanduser()
+    path = resolve_model_dir(Path(model_dir).expanduser())
     model = load_pretrained(AutoModel, path, allow_pickle=allow_pickle)
     tokenizer = load_model_tokenizer(path)
     check_vocab_matches(tokenizer, model.config.vocab_size, f"the model in {path}")

@@ -1,24 +1,30 @@
-"""`egbert quickstart`: the main job end to end on local data; a rerun reuses finished steps.
+"""`egbert quickstart`: the main job end to end on local data, in a wall-clock budget; a rerun
+reuses every finished step.
 
     egbert quickstart [--data PATH] [--output-dir runs/quickstart] [--budget-minutes 30]
 
-1. train the shared WordPiece tokenizer on WikiText-2 train;
-2. pretrain bert, gpt and elmo at one preset on WikiText-2 train + the Gutenberg books, all for
-   the same number of training sequences (the pretraining share of the budget is split by each
-   family's step time, measured on a few random batches first);
-3. fine-tune each of them, and a randomly initialised bert ("no pretraining"), on every GLUE task
-   whose train and dev files are present;
-4. write `results.md` (rows: models; columns: tasks and their average), `results.json` and
-   `results.png` (grouped bars) in the output directory, and print the table.
+1. trains the shared WordPiece tokenizer on WikiText-2 train;
+2. pretrains bert (masked LM + next-sentence prediction), gpt and elmo at one preset on
+   WikiText-2 train + the Gutenberg books with `egbert pretrain`'s defaults, each for its share of
+   the budget, and saves each family's twin at its random initial weights;
+3. probes every model and twin with frozen features (`egbert probe`), and scores gpt and its twin
+   by k-shot prompting (`egbert prompt-eval`);
+4. fine-tunes bert and its twin (two seeds where the budget allows), gpt and elmo on every GLUE
+   task whose train and dev files are present, every model of a task for the same time;
+5. writes `results.md` and `results.json` (every table: pretraining, fine-tuning, probe, k-shot)
+   and `results.png`, and prints the tables.
 
-The plan (preset, budget, steps) is saved in `plan.json`, so a rerun trains nothing that is
-already trained: a finished model or fine-tune is reused, an interrupted one resumes from its
-last checkpoint. `scripts/glue_table.py` runs the same pipeline with more classifier heads.
+The budget is wall-clock time on whatever device runs it. Pretraining gets PRETRAIN_SHARE of it;
+the probe and the prompts are of fixed size (their time is measured); fine-tuning gets what is
+left, each run its share less the per-run costs (start-up, data, evaluation, saving) measured on
+the runs before it. So the whole run ends within about 20% of --budget-minutes on a CPU or GPU.
+`plan.json` keeps the options, each run's allotted minutes and the time spent, so that a rerun
+after an interruption (SIGTERM or Ctrl-C stop the run in progress with a checkpoint) goes on
+where it stopped, with the same allotments.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -28,74 +34,153 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-import torch
 from transformers import PreTrainedTokenizerBase, set_seed
 
-from egbert.config import MODEL_FAMILIES, PretrainArguments
+from egbert.config import MODEL_FAMILIES, PretrainArguments, arguments_from_options, parse_args
 from egbert.errors import ConfigError, DataError
+from egbert.evaluation import probe, prompting
 from egbert.finetune import run as finetune_run
 from egbert.finetune.metrics import glue_score
-from egbert.finetune.tasks import GLUE_TASKS, available_tasks, get_task
-from egbert.optimization import adamw
+from egbert.finetune.tasks import GLUE_TASKS, available_tasks, get_task, split_file
+from egbert.models.heads import CLASSIFIER_FEATURES
 from egbert.pretrain import run as pretrain_run
 from egbert.pretrain.data import load_hub_documents
-from egbert.runtime import bf16_pays_off, keep_freed_memory_in_process
+from egbert.report import read_train_results
+from egbert.runtime import bf16_pays_off, training_device
 from egbert.tokenizer import format_stats, load_tokenizer, tokenizer_stats, train_tokenizer
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 WIKITEXT = Path("corpus") / "wikitext-2"
 GUTENBERG = Path("corpus") / "gutenberg"
-SCRATCH = "bert-random"  # the randomly initialised twin of bert
-PRETRAIN_SHARE = 0.45  # of the budget; fine-tuning gets the rest
-BATCH_SIZE, SEQ_LEN = 32, 128
-# Fine-tuning examples per task at a 30-minute budget with six tasks, scaled with the budget
-# and shared out among the fine-tunes of each model; tuned where the three families' tiny
-# training steps took this long together (bf16 on a 2-core CPU with native bf16), and scaled by
-# the measured step times elsewhere, so that a slower machine or a larger preset keeps to the
-# budget.
-SAMPLES_PER_30_MINUTES = 3000
-REFERENCE_STEP_SECONDS = 0.19 + 0.34 + 1.11
-PRETRAIN_LR = 1e-3
-FINETUNE_LR = 1e-4
+PLAN_FILE = "plan.json"
+# The budget's shares. Pretraining: of the whole budget, split among the families; bert, the
+# family the fine-tuning comparison is about, gets half.
+PRETRAIN_SHARE = 0.4
+FAMILY_SHARES = {"bert": 0.5, "gpt": 0.25, "elmo": 0.25}
+# Fine-tuning: each run trains for its share of the time left, at most FINETUNE_EPOCHS epochs
+# (BERT's fine-tuning recipe, with the lr and dropout of the recipe comparison: pretraining runs
+# without dropout, fine-tuning puts BERT's 0.1 back) on at most FINETUNE_MAX_EXAMPLES examples.
+FINETUNE_EPOCHS, FINETUNE_LR, FINETUNE_BATCH = 3, 1e-4, 32
+FINETUNE_MAX_EXAMPLES = 20_000
+# A second fine-tuning seed for bert and its twin when each run still gets this much training.
+SECOND_SEED_MIN_SECONDS = 40.0
+# Per-run costs assumed before any run of a stage has been measured.
+FIRST_OVERHEAD_SECONDS = {"pretrain": 20.0, "finetune": 8.0}
+MIN_TRAIN_SECONDS = 3.0
+# The probe and the prompts: fixed sizes, small enough for seconds per task on a CPU.
+PROBE_TRAIN_SAMPLES = 2000
+PROMPT_TASKS = ("sst2", "rte", "mrpc", "qnli", "cola")
+PROMPT_SHOTS = (0, 4)
+PROMPT_EVAL_SAMPLES = 200
+# Dev sets on which no model leaves its majority class at this scale: shown apart, not averaged.
+APART = ("wnli",)
+# WikiText-2 and Project Gutenberg on the Hub, for the model cards' metadata.
+CARD_DATASETS = ["Salesforce/wikitext", "manu/project_gutenberg"]
 
 
-@dataclass(frozen=True)
-class Head:
-    """How a classifier reads its model: features, pooling, and whether the model is frozen."""
+# Classifier heads by name: what the classifier reads (egbert finetune --features), and "-frozen"
+# to train the head alone (--freeze).
+HEADS = [f"{features}{frozen}" for features in CLASSIFIER_FEATURES for frozen in ("", "-frozen")]
 
-    features: str = "cls"
-    pool: str = "cls"
-    freeze: bool = False
 
-    @property
-    def name(self) -> str:
-        pool = f"-{self.pool}" if self.pool != "cls" else ""
-        return f"{self.features}{pool}{'-frozen' if self.freeze else ''}"
+@dataclass
+class QuickstartArguments:
+    """The options of `egbert quickstart` (also `egbert.run_quickstart(**options)`)."""
 
-    def flags(self) -> list[str]:
-        flags = ["--features", self.features, "--pool", self.pool]
-        return flags + (["--freeze"] if self.freeze else [])
+    data: str | None = field(
+        default=None,
+        metadata={
+            "help": "data folder with corpus/ and glue/ (default: $EGBERT_DATA, else "
+            "../shared/data beside the checkout)"
+        },
+    )
+    output_dir: str = field(default="runs/quickstart", metadata={"help": "where it all goes"})
+    budget_minutes: float = field(
+        default=30.0,
+        metadata={"help": "wall-clock minutes for the whole run, on whatever device runs it"},
+    )
+    preset: str = field(default="tiny", metadata={"help": "model size of all three families"})
+    tasks: list[str] = field(
+        default_factory=list, metadata={"help": "GLUE tasks (default: all with local files)"}
+    )
+    vocab_size: int = field(default=16000, metadata={"help": "the tokenizer's vocabulary"})
+    seed: int = field(default=42, metadata={"help": "pretraining and first fine-tuning seed"})
+    from_hub: bool = field(
+        default=False,
+        metadata={"help": "load WikiText-2 and GLUE from the Hugging Face hub (needs the network)"},
+    )
+    heads: list[str] = field(
+        default_factory=lambda: ["cls"],
+        metadata={
+            "help": "classifier heads to fine-tune with: "
+            f"{', '.join(HEADS)} (-frozen trains the head alone); each adds a row per model"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        unknown = [head for head in self.heads if head not in HEADS]
+        if unknown or not self.heads:
+            raise ConfigError(f"--heads {' '.join(unknown)}: choose from {', '.join(HEADS)}")
+        if not self.budget_minutes > 0:
+            raise ConfigError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
+        if self.from_hub and self.data:
+            raise ConfigError("--from-hub and --data exclude each other: pick one source")
 
 
 @dataclass
 class Plan:
-    """The scale of a run, fixed at its first start so that a rerun reuses what it made."""
+    """What a run was started with and how its time went: the options a rerun must share, the
+    minutes allotted to each run (kept, so a resumed run keeps its schedule) and the seconds
+    spent on finished work (a rerun goes on with what is left)."""
 
-    preset: str
-    budget_minutes: float
-    vocab_size: int
-    pretrain_steps: int
-    step_seconds: dict[str, float]
-    finetune_samples: int
-    epochs: int
-    seed: int
-    families: list[str] = field(default_factory=lambda: list(MODEL_FAMILIES))
-    # bf16 autocast where it is faster than fp32 (plans written before this field used it)
-    bf16: bool = True
+    options: dict[str, Any]
+    bf16: bool
+    seeds: list[int] = field(default_factory=list)
+    allotted_minutes: dict[str, float] = field(default_factory=dict)
+    spent_seconds: float = 0.0
+    overheads: dict[str, list[float]] = field(default_factory=dict)
 
-    def precision_flags(self) -> list[str]:
-        return ["--bf16"] if self.bf16 else []
+
+class Budget:
+    """The run's wall clock, saved in plan.json after each finished step."""
+
+    def __init__(self, plan: Plan, path: Path, minutes: float) -> None:
+        self.plan, self.path = plan, path
+        self.total = minutes * 60
+        self.started = time.perf_counter() - plan.spent_seconds
+
+    def left(self) -> float:
+        return self.total - (time.perf_counter() - self.started)
+
+    def save(self) -> None:
+        self.plan.spent_seconds = time.perf_counter() - self.started
+        temp = self.path.with_suffix(".partial")
+        temp.write_text(json.dumps(asdict(self.plan), indent=2) + "\n", encoding="utf-8")
+        temp.replace(self.path)
+
+    def overhead(self, stage: str) -> float:
+        """The median per-run cost (wall time beyond training) of the stage's runs so far."""
+        seen = self.plan.overheads.get(stage)
+        return statistics.median(seen) if seen else FIRST_OVERHEAD_SECONDS[stage]
+
+    def allot(self, key: str, seconds: float, stage: str) -> float:
+        """Training minutes of the run `key`: its share `seconds` less the stage's per-run cost;
+        decided once (a rerun resumes it with the same schedule)."""
+        if key not in self.plan.allotted_minutes:
+            training = max(seconds - self.overhead(stage), MIN_TRAIN_SECONDS)
+            self.plan.allotted_minutes[key] = round(training / 60, 4)
+            self.save()
+        return self.plan.allotted_minutes[key]
+
+    def record(self, stage: str, wall_seconds: float, train_seconds: float) -> None:
+        self.plan.overheads.setdefault(stage, []).append(round(wall_seconds - train_seconds, 2))
+        self.save()
+
+
+class Stopped(Exception):
+    """A signal stopped a training run; its checkpoint is saved."""
 
 
 # ---------------------------------------------------------------- data
@@ -156,10 +241,39 @@ def export_hub_corpus(target: Path, name: str = "wikitext", config: str = "wikit
     return target
 
 
-# ---------------------------------------------------------------- tokenizer
+def resolve_tasks(requested: Sequence[str], glue: Path | None) -> list[str]:
+    """The tasks to fine-tune on: those asked for, else every task with local train+dev files."""
+    if requested:
+        names = [get_task(name).name for name in requested]  # unknown names raise
+        unusable = [n for n in names if "train" not in GLUE_TASKS[n].files]
+        if unusable:
+            raise ConfigError(f"--tasks {', '.join(unusable)}: no training split in GLUE")
+        if glue is not None:
+            present = set(available_tasks(glue))
+            missing = [n for n in names if n not in present]
+            if missing:
+                raise DataError(
+                    f"{glue}: no train and dev files for {', '.join(missing)}; "
+                    f"present: {', '.join(sorted(present)) or 'none'}"
+                )
+        return names
+    if glue is None:
+        return ["cola", "sst2", "mrpc", "stsb", "rte"]
+    names = available_tasks(glue) if glue.is_dir() else []
+    if not names:
+        raise DataError(
+            f"{glue}: no GLUE task with train and dev files (e.g. RTE/train.tsv and "
+            "RTE/dev.tsv); point --data at a folder with glue/<TASK>/ or pass --tasks with "
+            "--from-hub"
+        )
+    return names
+
+
+# ---------------------------------------------------------------- steps that reuse their output
 
 
 def prepare_tokenizer(output_dir: Path, corpus: Path, vocab_size: int) -> PreTrainedTokenizerBase:
+    """The WordPiece tokenizer in output_dir/tokenizer, trained on `corpus` unless it is there."""
     tokenizer_dir = output_dir / "tokenizer"
     if (tokenizer_dir / "tokenizer.json").is_file():
         print(f"  reusing {tokenizer_dir}", flush=True)
@@ -172,160 +286,15 @@ def prepare_tokenizer(output_dir: Path, corpus: Path, vocab_size: int) -> PreTra
     return tokenizer
 
 
-# ---------------------------------------------------------------- planning
-
-
-def probe_batch(family: str, vocab_size: int, generator: torch.Generator) -> dict:
-    """A random training batch of the family's shape: 15% masked labels and NSP labels for bert,
-    next-token labels (shifted inside the model) for gpt and elmo."""
-    input_ids = torch.randint(10, vocab_size, (BATCH_SIZE, SEQ_LEN), generator=generator)
-    batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-    if family != "bert":
-        return batch | {"labels": input_ids}
-    masked = torch.rand(input_ids.shape, generator=generator) < 0.15
-    return batch | {
-        "token_type_ids": torch.zeros_like(input_ids),
-        "labels": input_ids.masked_fill(~masked, -100),
-        "next_sentence_label": torch.randint(0, 2, (BATCH_SIZE,), generator=generator),
-    }
-
-
-def training_device() -> str:
-    """Where the trainer will train: the GPU if there is one."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def seconds_per_step(family: str, preset: str, tokenizer, bf16: bool, steps: int = 3) -> float:
-    """Median wall time of an AdamW training step of the family at the preset."""
-    args = PretrainArguments(model=family, tokenizer="", train_files=[], preset=preset)
-    model, _ = pretrain_run.build_model(args, tokenizer)
-    device = training_device()
-    model.to(device).train()
-    keep_freed_memory_in_process(device)  # as the trainer does
-    optimizer = adamw(model.parameters(), device, lr=1e-4)  # the trainer's optimizer
-    batch = probe_batch(family, model.config.vocab_size, torch.Generator().manual_seed(0))
-    batch = {name: tensor.to(device) for name, tensor in batch.items()}
-    times = []
-    for _ in range(steps + 1):  # the first step pays for allocations
-        start = time.perf_counter()
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):  # as training will
-            loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
-
-
-def make_plan(args: argparse.Namespace, tokenizer, n_finetunes: int) -> Plan:
-    """Share the budget out: one step count for every family, from their measured step times."""
-    device = training_device()
-    bf16 = bf16_pays_off(device)
-    precision = "bf16 autocast" if bf16 else f"fp32 (bf16 is slower than fp32 on this {device})"
-    print(f"  timing a few training steps of each family in {precision}", flush=True)
-    step_seconds = {f: seconds_per_step(f, args.preset, tokenizer, bf16) for f in MODEL_FAMILIES}
-    seconds_per_round = sum(step_seconds.values())  # one step of every family
-    pretrain_seconds = args.budget_minutes * 60 * PRETRAIN_SHARE
-    steps = max(1, int(pretrain_seconds / seconds_per_round))
-    speed = REFERENCE_STEP_SECONDS / seconds_per_round
-    per_finetune = 6 / max(n_finetunes, 1)
-    samples = args.max_train_samples or max(
-        32, round(SAMPLES_PER_30_MINUTES * speed * args.budget_minutes / 30 * per_finetune)
-    )
-    return Plan(
-        preset=args.preset,
-        budget_minutes=args.budget_minutes,
-        vocab_size=args.vocab_size,
-        pretrain_steps=steps,
-        step_seconds={f: round(s, 3) for f, s in step_seconds.items()},
-        finetune_samples=samples,
-        epochs=args.epochs,
-        seed=args.seed,
-        bf16=bf16,
-    )
-
-
-def load_or_make_plan(args: argparse.Namespace, tokenizer, n_finetunes: int) -> Plan:
-    path = args.output_dir / "plan.json"
-    if path.is_file():
-        plan = Plan(**json.loads(path.read_text(encoding="utf-8")))
-        asked = {"preset": args.preset, "budget_minutes": args.budget_minutes}
-        asked |= {"vocab_size": args.vocab_size, "epochs": args.epochs, "seed": args.seed}
-        if args.max_train_samples:
-            asked["finetune_samples"] = args.max_train_samples
-        changed = [
-            f"{k} {getattr(plan, k)} -> {v}" for k, v in asked.items() if getattr(plan, k) != v
-        ]
-        if changed:
-            raise ConfigError(
-                f"{args.output_dir} holds a quickstart run made with other options "
-                f"({'; '.join(changed)}); pass another --output-dir, or the same options"
-            )
-        print(f"  reusing {path}", flush=True)
-        return plan
-    plan = make_plan(args, tokenizer, n_finetunes)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    temp = path.with_suffix(".partial")
-    temp.write_text(json.dumps(asdict(plan), indent=2) + "\n", encoding="utf-8")
-    temp.replace(path)
-    return plan
-
-
-# ---------------------------------------------------------------- pretraining
-
-
 def is_finished(run_dir: Path) -> bool:
-    """The trainer writes the final model only after a run that was not interrupted."""
+    """A training run's final model is written only after a run that was not interrupted."""
     model = run_dir / "model"
     return (model / "model.safetensors").is_file() and (model / "config.json").is_file()
 
 
-def pretrain_family(
-    family: str, plan: Plan, output_dir: Path, data: Path, tokenizer_dir: Path
-) -> Path:
-    run_dir = output_dir / "pretrain" / family
-    if is_finished(run_dir):
-        print(f"  {family}: reusing {run_dir}", flush=True)
-        return run_dir
-    train_files, valid_files = corpus_files(data)
-    argv = [
-        "--model", family, "--preset", plan.preset, "--tokenizer", str(tokenizer_dir),
-        "--train-files", *map(str, train_files),
-        "--doc-boundary", "wikitext",
-        # Two Gutenberg books are Latin-1; their 7 non-ASCII bytes are not worth a second pass.
-        "--encoding-errors", "replace",
-        "--seq-len", str(SEQ_LEN), "--batch-size", str(BATCH_SIZE),
-        "--max-steps", str(plan.pretrain_steps),
-        "--lr", str(PRETRAIN_LR), "--warmup-steps", "0.06",
-        "--save-every", str(max(50, plan.pretrain_steps // 5)), "--keep-checkpoints", "1",
-        *plan.precision_flags(), "--seed", str(plan.seed), "--output-dir", str(run_dir),
-    ]  # fmt: skip
-    if valid_files:
-        argv += ["--validation-files", *map(str, valid_files)]
-    if (run_dir / "checkpoints").is_dir():
-        argv.append("--resume")
-    print(f"  {family}: {plan.pretrain_steps:,} steps of {BATCH_SIZE} x {SEQ_LEN} -> {run_dir}")
-    pretrain_run.main(argv)
-    return run_dir
-
-
-def random_bert(plan: Plan, output_dir: Path, tokenizer) -> Path:
-    """bert at the same preset with its initial random weights, saved like a pretrained one."""
-    run_dir = output_dir / "pretrain" / SCRATCH
-    if is_finished(run_dir):
-        print(f"  {SCRATCH}: reusing {run_dir}", flush=True)
-        return run_dir
-    set_seed(plan.seed)
-    args = PretrainArguments(model="bert", tokenizer="", train_files=[], preset=plan.preset)
-    model, _ = pretrain_run.build_model(args, tokenizer)
-    return save_untrained(model, tokenizer, run_dir)
-
-
 def save_untrained(model, tokenizer, run_dir: Path) -> Path:
-    """Save a model at its random initial weights like a pretrained one (all at once: a run
-    killed meanwhile leaves no half-written folder for a rerun to mistake for a finished one)."""
+    """Save a model at its random initial weights like a pretrained one, as run_dir/model (all
+    at once: a run killed meanwhile leaves nothing a rerun would take for a finished one)."""
     staging = run_dir / ".model.partial"
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
@@ -335,198 +304,69 @@ def save_untrained(model, tokenizer, run_dir: Path) -> Path:
     return run_dir
 
 
-def pretraining_summary(run_dir: Path) -> dict:
-    """Steps, tokens, minutes and the final validation metrics of a pretraining run."""
-    records = [
-        json.loads(line)
-        for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-        if line.strip()
-    ]
-    train = [r for r in records if r.get("split") == "train"]
-    evals = [r for r in records if r.get("split") == "eval"]
-    state_files = sorted(run_dir.glob("checkpoints/step-*/trainer_state.json"))
-    tokens = json.loads(state_files[-1].read_text())["tokens_seen"] if state_files else None
+def save_twin(family: str, preset: str, seed: int, tokenizer, run_dir: Path) -> Path:
+    """The family's model at the preset with its random initial weights (pretraining's seed)."""
+    if is_finished(run_dir):
+        return run_dir
+    set_seed(seed)
+    args = PretrainArguments(model=family, tokenizer="", train_files=[], preset=preset)
+    model, _ = pretrain_run.build_model(args, tokenizer)
+    return save_untrained(model, tokenizer, run_dir)
+
+
+def pretraining_summary(run_dir: Path) -> dict[str, Any]:
+    """Steps, tokens, minutes and the final validation metrics of a finished pretraining run."""
+    results = read_train_results(run_dir)
     return {
-        "steps": train[-1]["step"] if train else 0,
-        "tokens": tokens,
-        "minutes": round(train[-1]["elapsed_s"] / 60, 2) if train else 0.0,
-        "eval": {k: v for k, v in (evals[-1] if evals else {}).items() if k not in ("split",)},
+        "steps": results.get("step", 0),
+        "tokens": results.get("tokens"),
+        "minutes": round(results.get("elapsed_seconds", 0.0) / 60, 2),
+        "eval": results.get("metrics", {}),
     }
 
 
-# ---------------------------------------------------------------- fine-tuning
-
-
-def finetune(
-    model_dir: Path, task: str, head: Head, plan: Plan, run_dir: Path, data: Path | None
-) -> dict:
-    """Fine-tune one model on one task with one head; reuses a finished result."""
+def finetune_once(run_dir: Path, **options: Any) -> tuple[dict[str, Any], bool]:
+    """(eval results, whether it trained now): `run_finetuning` of one task into run_dir, or
+    its eval_results.json if it finished; resumes a run that was stopped. Raises Stopped when a
+    signal stops it again."""
     results = run_dir / "eval_results.json"
     if results.is_file():
-        print(f"    reusing {run_dir}", flush=True)
-        return json.loads(results.read_text(encoding="utf-8"))
-    argv = [
-        "--task", task, "--model", str(model_dir), "--output-dir", str(run_dir),
-        "--epochs", str(1 if task == "sst2" else plan.epochs), "--lr", str(FINETUNE_LR),
-        "--batch-size", "32", "--max-seq-length", "128", "--seed", str(plan.seed),
-        "--max-train-samples", str(plan.finetune_samples), *plan.precision_flags(), "--no-predict",
-        *head.flags(),
-    ]  # fmt: skip
-    if data is not None:
-        argv += ["--data-dir", str(data / "glue")]
-    if (run_dir / "checkpoints").is_dir():
-        argv.append("--resume")
-    finetune_run.main(argv)
-    return json.loads(results.read_text(encoding="utf-8"))
+        return json.loads(results.read_text(encoding="utf-8")), False
+    resume = (run_dir / "checkpoints").is_dir()
+    output = finetune_run.run_finetuning(output_dir=str(run_dir), resume=resume, **options)
+    if output.interrupted:
+        raise Stopped
+    return output.results[0], True
 
 
-# ---------------------------------------------------------------- results
-
-
-def row_label(model: str, head: Head, several_heads: bool) -> str:
-    name = "bert (no pretraining)" if model == SCRATCH else model
-    return f"{name}, {head.name}" if several_heads else name
-
-
-def results_table(scores: dict[str, dict[str, float]], tasks: Sequence[str]) -> str:
-    """Markdown: one row per model, one column per task (its GLUE score x 100) and the average."""
-    header = "| model | " + " | ".join(metric_header(t) for t in tasks) + " | average |"
-    lines = [header, "|---|" + "---:|" * (len(tasks) + 1)]
-    for label, by_task in scores.items():
-        cells = [f"{100 * by_task[t]:.1f}" for t in tasks]
-        average = 100 * glue_score({t: by_task[t] for t in tasks})
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {average:.1f} |")
-    return "\n".join(lines)
+# ---------------------------------------------------------------- tables
 
 
 def metric_header(task: str) -> str:
-    metric = {
-        "cola": "Matthews",
-        "mrpc": "F1/acc",
-        "qqp": "F1/acc",
-        "stsb": "Pearson/Spearman",
-    }.get(task, "acc")
-    return f"{task} ({metric})"
+    metric = {"cola": "Matthews", "mrpc": "F1/acc", "qqp": "F1/acc", "stsb": "Pearson/Spearman"}
+    return f"{task} ({metric.get(task, 'acc')})"
 
 
-def plot_results(path: Path, scores: dict[str, dict[str, float]], tasks: Sequence[str]) -> None:
-    """Grouped bars: one group per task (and the average), one bar per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display on servers
-    import matplotlib.pyplot as plt
-
-    groups = [*tasks, "average"]
-    width = 0.8 / max(len(scores), 1)
-    figure, axes = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4))
-    for index, (label, by_task) in enumerate(scores.items()):
-        values = [100 * by_task[t] for t in tasks]
-        values.append(100 * glue_score({t: by_task[t] for t in tasks}))
-        positions = [g + (index - (len(scores) - 1) / 2) * width for g in range(len(groups))]
-        axes.bar(positions, values, width, label=label)
-    axes.set_xticks(range(len(groups)), groups)
-    axes.axhline(0, color="black", linewidth=0.5)
-    axes.set_ylabel("dev score (GLUE metric x 100)")
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def write_results(output_dir: Path, report: dict, table: str, tasks: Sequence[str]) -> None:
-    (output_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    (output_dir / "results.md").write_text(table + "\n", encoding="utf-8")
-    plot_results(output_dir / "results.png", report["scores"], tasks)
-
-
-# ---------------------------------------------------------------- the pipeline
-
-
-def resolve_tasks(requested: Sequence[str] | None, data: Path | None) -> list[str]:
-    """The tasks to fine-tune on: those asked for, else every task with local train+dev files."""
-    if requested:
-        names = [get_task(name).name for name in requested]  # unknown names raise
-        unusable = [n for n in names if "train" not in GLUE_TASKS[n].files]
-        if unusable:
-            raise ConfigError(f"--tasks {', '.join(unusable)}: no training split in GLUE")
-        if data is not None:
-            present = set(available_tasks(data / "glue"))
-            missing = [n for n in names if n not in present]
-            if missing:
-                raise DataError(
-                    f"{data / 'glue'}: no train and dev files for {', '.join(missing)}; "
-                    f"present: {', '.join(sorted(present)) or 'none'}"
-                )
-        return names
-    if data is None:
-        return ["cola", "sst2", "mrpc", "stsb", "rte"]
-    names = available_tasks(data / "glue") if (data / "glue").is_dir() else []
-    if not names:
-        raise DataError(
-            f"{data / 'glue'}: no GLUE task with train and dev files (e.g. RTE/train.tsv and "
-            "RTE/dev.tsv); point --data at a folder with glue/<TASK>/ or pass --tasks with "
-            "--from-hub"
-        )
-    return names
-
-
-def run_pipeline(args: argparse.Namespace, heads: Sequence[Head] = (Head(),)) -> dict:
-    """Tokenizer -> pretraining -> fine-tuning -> results; returns the report it writes."""
-    start = time.perf_counter()
-    output_dir = args.output_dir
-    if args.from_hub:
-        check_hub_reachable()
-        data = export_hub_corpus(output_dir / "hub-data")
-        glue_data = None
-    else:
-        data = glue_data = find_data(args.data)
-    tasks = resolve_tasks(args.tasks, glue_data)
-    print(f"[1/4] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
-    tokenizer = prepare_tokenizer(
-        output_dir, data / WIKITEXT / "wiki.train.tokens", args.vocab_size
-    )
-    plan = load_or_make_plan(args, tokenizer, len(tasks) * len(heads))
-    print(
-        f"[2/4] pretraining bert, gpt and elmo ({plan.preset}) for {plan.pretrain_steps:,} "
-        f"steps of {BATCH_SIZE} x {SEQ_LEN} tokens each",
-        flush=True,
-    )
-    model_dirs = {
-        family: pretrain_family(family, plan, output_dir, data, output_dir / "tokenizer")
-        for family in plan.families
-    }
-    pretraining = {family: pretraining_summary(path) for family, path in model_dirs.items()}
-    model_dirs[SCRATCH] = random_bert(plan, output_dir, tokenizer)
-
-    runs = [(model, head, task) for model in model_dirs for head in heads for task in tasks]
-    print(
-        f"[3/4] fine-tuning {len(model_dirs)} models x {len(heads)} head(s) on "
-        f"{', '.join(tasks)} ({len(runs)} runs, at most {plan.finetune_samples:,} training "
-        "examples each)",
-        flush=True,
-    )
-    scores: dict[str, dict[str, float]] = {}
-    for number, (model, head, task) in enumerate(runs, 1):
-        run_dir = output_dir / "finetune" / model / head.name / task
-        print(f"  ({number}/{len(runs)}) {model} / {head.name} / {task}", flush=True)
-        result = finetune(model_dirs[model], task, head, plan, run_dir, glue_data)
-        label = row_label(model, head, len(heads) > 1)
-        scores.setdefault(label, {})[task] = result["score"]
-
-    print(f"[4/4] results -> {output_dir / 'results.md'}", flush=True)
-    table = results_table(scores, tasks)
-    report = {
-        "plan": asdict(plan),
-        "tasks": tasks,
-        "scores": scores,
-        "pretraining": pretraining,
-        "minutes": round((time.perf_counter() - start) / 60, 2),
-    }
-    write_results(output_dir, report, table, tasks)
-    print(pretraining_table(pretraining))
-    print()
-    print(table, flush=True)
-    return report
+def score_table(
+    rows: dict[str, dict[str, float]], tasks: Sequence[str], extra: dict[str, str] | None = None
+) -> str:
+    """Markdown: one row per model, a column per task (GLUE score x 100), the average over the
+    tasks not in APART, then those apart (and any `extra` column, e.g. per-seed averages)."""
+    averaged = [t for t in tasks if t not in APART]
+    apart = [t for t in tasks if t in APART]
+    columns = [*map(metric_header, averaged), "average", *(f"{metric_header(t)}*" for t in apart)]
+    columns += list(extra or {})
+    lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for label, scores in rows.items():
+        cells = [f"{100 * scores[t]:.1f}" for t in averaged]
+        cells.append(f"{100 * glue_score({t: scores[t] for t in averaged}):.1f}")
+        cells += [f"{100 * scores[t]:.1f}" for t in apart]
+        cells += [values.get(label, "") for values in (extra or {}).values()]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if apart:
+        lines.append("")
+        lines.append(f"\\* not averaged: {', '.join(apart)} dev sets stay at the majority class.")
+    return "\n".join(lines)
 
 
 def pretraining_table(pretraining: dict[str, dict]) -> str:
@@ -542,75 +382,403 @@ def pretraining_table(pretraining: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def build_parser(prog: str = "egbert quickstart") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Run egbert's main pipeline on local data: train the tokenizer, pretrain "
-        "bert, gpt and elmo for the same number of tokens, fine-tune each (and a randomly "
-        "initialised bert) on the GLUE tasks present, and write results.md/.json/.png. A rerun "
-        "reuses every finished step.",
-    )
-    parser.add_argument(
-        "--data", help="data folder with corpus/ and glue/ (default: $EGBERT_DATA, else "
-        "../shared/data beside the checkout)"
-    )  # fmt: skip
-    parser.add_argument(
-        "--output-dir", type=Path, default=Path("runs/quickstart"), help="default: %(default)s"
-    )
-    parser.add_argument(
-        "--budget-minutes",
-        type=float,
-        default=30.0,
-        help="about how long the whole run takes on 2 CPU cores (default: %(default)s); "
-        f"{PRETRAIN_SHARE * 100:.0f}%% of it pretrains, the rest fine-tunes",
-    )
-    parser.add_argument(
-        "--preset", default="tiny", help="model size of all three families (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--tasks", nargs="+", metavar="TASK", help="GLUE tasks (default: all with local files)"
-    )
-    parser.add_argument("--vocab-size", type=int, default=16000, help="default: %(default)s")
-    parser.add_argument(
-        "--max-train-samples",
-        type=int,
-        metavar="N",
-        help="fine-tuning examples per task (default: scaled with the budget and the measured "
-        "speed of training steps)",
-    )
-    parser.add_argument(
-        "--epochs", type=int, default=3, help="fine-tuning epochs; SST-2 gets 1 (default: 3)"
-    )
-    parser.add_argument("--seed", type=int, default=42, help="default: %(default)s")
-    parser.add_argument(
-        "--from-hub",
-        action="store_true",
-        help="load WikiText-2 and GLUE from the Hugging Face hub (needs the network)",
-    )
-    return parser
+def plot_results(path: Path, scores: dict[str, dict[str, float]], tasks: Sequence[str]) -> None:
+    """Grouped bars of the fine-tuning scores: one group per task (and the average)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers
+    import matplotlib.pyplot as plt
+
+    averaged = [t for t in tasks if t not in APART]
+    groups = [*tasks, "average"]
+    width = 0.8 / max(len(scores), 1)
+    figure, axes = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4))
+    for index, (label, by_task) in enumerate(scores.items()):
+        values = [100 * by_task[t] for t in tasks]
+        values.append(100 * glue_score({t: by_task[t] for t in averaged}))
+        positions = [g + (index - (len(scores) - 1) / 2) * width for g in range(len(groups))]
+        axes.bar(positions, values, width, label=label)
+    axes.set_xticks(range(len(groups)), groups)
+    axes.axhline(0, color="black", linewidth=0.5)
+    axes.set_ylabel("dev score (GLUE metric x 100)")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
-def check_scale_args(args: argparse.Namespace) -> None:
-    """--budget-minutes and --max-train-samples, shared with scripts that run at a budget."""
-    if not args.budget_minutes > 0:
-        raise ConfigError(f"--budget-minutes must be > 0, got {args.budget_minutes}")
-    if args.max_train_samples is not None and args.max_train_samples < 1:
-        raise ConfigError(f"--max-train-samples must be >= 1, got {args.max_train_samples}")
+# ---------------------------------------------------------------- the pipeline
 
-
-def check_args(args: argparse.Namespace) -> None:
-    check_scale_args(args)
-    if args.epochs < 1:
-        raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
-    if args.from_hub and args.data:
-        raise ConfigError("--from-hub and --data exclude each other: pick one source")
+DESCRIPTION = (
+    "Run egbert's main pipeline on local data in a wall-clock budget: train the tokenizer, "
+    "pretrain bert, gpt and elmo, probe every model and its random twin with frozen features, "
+    "prompt gpt, fine-tune on the GLUE tasks present, and write results.md/.json/.png. A rerun "
+    "reuses every finished step."
+)
+# How each model is fine-tuned, by model type (a model and its twin alike; others: the summary
+# vector at FINETUNE_LR). elmo gets ELMo's own task head, a learned mix of its layers averaged
+# over the tokens, each layer brought to one scale first, at lr 1e-3 (the recipe comparison's
+# pilots, docs/experiments/recipe-compare.md).
+FINETUNE_BY_TYPE: dict[str, dict[str, Any]] = {
+    "egbert-elmo": {"features": "scalar-mix", "pool": "mean", "layer_norm": True, "lr": 1e-3}
+}
+DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+TWIN = "{}-random"  # run folder of a family's twin at its random initial weights
+REPORT_RESERVE_SECONDS = 10.0  # tables and plot at the end
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    check_args(args)
-    run_pipeline(args)
+    (args,) = parse_args((QuickstartArguments,), argv, "egbert quickstart", DESCRIPTION)
+    quickstart(args)
 
 
-if __name__ == "__main__":
-    main()
+def run_quickstart(**options: Any) -> dict[str, Any]:
+    """`egbert quickstart` from Python: the keyword arguments are its options
+    (QuickstartArguments fields); returns the report it writes to results.json ({} when a
+    signal stopped it)."""
+    (args,) = arguments_from_options((QuickstartArguments,), options)
+    return quickstart(args)
+
+
+def quickstart(args: QuickstartArguments) -> dict[str, Any]:
+    """Tokenizer -> pretraining -> probe and prompts -> fine-tuning -> results."""
+    output_dir = Path(args.output_dir)
+    if args.from_hub:
+        check_hub_reachable()
+        data, glue = export_hub_corpus(output_dir / "hub-data"), None
+    else:
+        data = find_data(args.data)
+        glue = data / "glue"
+    tasks = resolve_tasks(args.tasks, glue)
+    budget = start_budget(args, output_dir)
+    print(f"[1/5] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
+    tokenizer = prepare_tokenizer(
+        output_dir, data / WIKITEXT / "wiki.train.tokens", args.vocab_size
+    )
+    try:
+        return run_stages(args, budget, data, glue, tasks, tokenizer)
+    except Stopped:
+        print(
+            "egbert quickstart: stopped; run the same command again to go on from there",
+            flush=True,
+        )
+        return {}
+
+
+def start_budget(args: QuickstartArguments, output_dir: Path) -> Budget:
+    """The plan of this output folder: new, or the one a previous start left (then its options
+    must be these)."""
+    path = output_dir / PLAN_FILE
+    options = asdict(args)
+    if path.is_file():
+        plan = Plan(**json.loads(path.read_text(encoding="utf-8")))
+        changed = [
+            f"{name} {plan.options.get(name)} -> {value}"
+            for name, value in options.items()
+            if name != "output_dir" and plan.options.get(name) != value
+        ]
+        if changed:
+            raise ConfigError(
+                f"{output_dir} holds a quickstart run made with other options "
+                f"({'; '.join(changed)}); pass another --output-dir, or the same options"
+            )
+        print(f"  reusing {path} ({plan.spent_seconds / 60:.1f} min spent)", flush=True)
+    else:
+        plan = Plan(options=options, bf16=bf16_pays_off(training_device()))
+        output_dir.mkdir(parents=True, exist_ok=True)
+    budget = Budget(plan, path, args.budget_minutes)
+    budget.save()
+    return budget
+
+
+def run_stages(
+    args: QuickstartArguments,
+    budget: Budget,
+    data: Path,
+    glue: Path | None,
+    tasks: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+) -> dict[str, Any]:
+    output_dir = Path(args.output_dir)
+    precision = "bf16" if budget.plan.bf16 else "fp32 (bf16 is slower here)"
+    print(
+        f"[2/5] pretraining bert, gpt and elmo ({args.preset}, {precision}) for "
+        f"{PRETRAIN_SHARE * args.budget_minutes:.1f} of {args.budget_minutes:g} minutes",
+        flush=True,
+    )
+    models = pretrain_families(args, budget, data)
+    for family in MODEL_FAMILIES:
+        twin = TWIN.format(family)
+        models[twin] = save_twin(
+            family, args.preset, args.seed, tokenizer, output_dir / "pretrain" / twin
+        )
+    pretraining = {family: pretraining_summary(models[family]) for family in MODEL_FAMILIES}
+    glue_dir = glue or data / "glue"
+    print(f"[3/5] probing {len(models)} models; prompting gpt and its twin", flush=True)
+    probes = {
+        name: probe_model(path, tasks, glue_dir, args.seed, budget) for name, path in models.items()
+    }
+    prompt_tasks = [t for t in PROMPT_TASKS if split_file(get_task(t), "validation", glue_dir)]
+    prompts = {
+        name: prompt_model(models[name], prompt_tasks, glue_dir, args.seed, budget)
+        for name in ("gpt", TWIN.format("gpt"))
+    }
+    finetuned = ["bert", TWIN.format("bert"), "gpt", "elmo"]
+    print(f"[4/5] fine-tuning {', '.join(finetuned)} on {', '.join(tasks)}", flush=True)
+    finetune = finetune_models({m: models[m] for m in finetuned}, tasks, glue, args, budget)
+    print(f"[5/5] results -> {output_dir / 'results.md'}", flush=True)
+    return write_report(
+        output_dir, budget, tasks, prompt_tasks, pretraining, finetune, probes, prompts
+    )
+
+
+def pretrain_families(args: QuickstartArguments, budget: Budget, data: Path) -> dict[str, Path]:
+    """Each family pretrained with `egbert pretrain`'s defaults for its share of the budget."""
+    train_files, valid_files = corpus_files(data)
+    output_dir = Path(args.output_dir)
+    run_dirs = {}
+    for family in MODEL_FAMILIES:
+        run_dir = run_dirs[family] = output_dir / "pretrain" / family
+        if is_finished(run_dir):
+            print(f"  {family}: reusing {run_dir}", flush=True)
+            continue
+        share = budget.total * PRETRAIN_SHARE * FAMILY_SHARES[family]
+        minutes = budget.allot(f"pretrain/{family}", share, "pretrain")
+        print(f"  {family}: {minutes:.2f} minutes of training -> {run_dir}", flush=True)
+        start = time.perf_counter()
+        result = pretrain_run.run_pretraining(
+            model=family,
+            preset=args.preset,
+            tokenizer=str(output_dir / "tokenizer"),
+            train_files=list(map(str, train_files)),
+            validation_files=list(map(str, valid_files)),
+            doc_boundary="wikitext",
+            # Two Gutenberg books are Latin-1; their 7 non-ASCII bytes are not worth a pass.
+            encoding_errors="replace",
+            budget_minutes=minutes,
+            bf16=budget.plan.bf16,
+            seed=args.seed,
+            save_every=500,
+            keep_checkpoints=1,
+            resume=(run_dir / "checkpoints").is_dir(),
+            output_dir=str(run_dir),
+            card_datasets=CARD_DATASETS,
+        )
+        if result.interrupted:
+            raise Stopped
+        budget.record("pretrain", time.perf_counter() - start, result.elapsed_seconds)
+    return run_dirs
+
+
+def probe_model(model_dir: Path, tasks: list[str], glue: Path, seed: int, budget: Budget) -> dict:
+    """`egbert probe` of one model (reusing its probe_results.json)."""
+    out = model_dir.parent.parent / "probe" / model_dir.name
+    results = out / probe.RESULTS_FILE
+    if results.is_file():
+        return json.loads(results.read_text(encoding="utf-8"))
+    print(f"  probe: {model_dir.name}", flush=True)
+    found = probe.run_probe(
+        model_dir,
+        tasks,
+        glue,
+        features="all-mean",
+        pool="mean",
+        max_train_samples=PROBE_TRAIN_SAMPLES,
+        seed=seed,
+        output_dir=out,
+    )
+    budget.save()
+    return found
+
+
+def prompt_model(model_dir: Path, tasks: list[str], glue: Path, seed: int, budget: Budget) -> dict:
+    """`egbert prompt-eval` of one gpt model (reusing its prompt_eval_results.json)."""
+    out = model_dir.parent.parent / "prompt-eval" / model_dir.name
+    results = out / prompting.RESULTS_FILE
+    if results.is_file():
+        return json.loads(results.read_text(encoding="utf-8"))
+    print(f"  prompt-eval: {model_dir.name}", flush=True)
+    found = prompting.run_prompt_eval(
+        model_dir,
+        tasks,
+        glue,
+        shots=PROMPT_SHOTS,
+        max_eval_samples=PROMPT_EVAL_SAMPLES,
+        seed=seed,
+        output_dir=out,
+    )
+    budget.save()
+    return found
+
+
+def finetune_models(
+    models: dict[str, Path],
+    tasks: list[str],
+    glue: Path | None,
+    args: QuickstartArguments,
+    budget: Budget,
+) -> dict[str, dict[str, dict[int, float]]]:
+    """{model: {task: {seed: score}}}: every model fine-tuned on every task, task by task; each
+    run of a task gets the same minutes, its share of the time left."""
+    seeds = choose_seeds(len(tasks) * len(args.heads), args.seed, budget)
+    runs = [
+        (task, name, head, seed)
+        for task in tasks
+        for name in models
+        for head in args.heads
+        for seed in (seeds if name.startswith("bert") else seeds[:1])
+    ]
+    scores: dict[str, dict[str, dict[int, float]]] = {}
+    for number, (task, name, head, seed) in enumerate(runs):
+        run_dir = Path(args.output_dir) / "finetune" / name / head / f"{task}-seed{seed}"
+        left = max(budget.left() - REPORT_RESERVE_SECONDS, 0.0)
+        minutes = budget.allot(f"finetune/{task}", left / (len(runs) - number), "finetune")
+        print(f"  ({number + 1}/{len(runs)}) {name} / {head} / {task} / seed {seed}", flush=True)
+        start = time.perf_counter()
+        options = finetune_options(models[name], task, head, seed, glue, budget.plan.bf16)
+        result, trained = finetune_once(run_dir, budget_minutes=minutes, **options)
+        if trained:
+            budget.record("finetune", time.perf_counter() - start, result["train_seconds"])
+        row = name if len(args.heads) == 1 else f"{name}, {head}"
+        scores.setdefault(row, {}).setdefault(task, {})[seed] = result["score"]
+    return scores
+
+
+def choose_seeds(n_tasks: int, seed: int, budget: Budget) -> list[int]:
+    """Two fine-tuning seeds for bert and its twin where each run still gets
+    SECOND_SEED_MIN_SECONDS of training, else one; decided once."""
+    if not budget.plan.seeds:
+        runs_with_two = n_tasks * (2 * 2 + 2)  # bert and its twin twice, gpt and elmo once
+        per_run = (budget.left() - REPORT_RESERVE_SECONDS) / runs_with_two
+        enough = per_run - budget.overhead("finetune") >= SECOND_SEED_MIN_SECONDS
+        budget.plan.seeds = [seed, seed + 1] if enough else [seed]
+        budget.save()
+    return budget.plan.seeds
+
+
+def finetune_options(
+    model_dir: Path, task: str, head: str, seed: int, glue: Path | None, bf16: bool
+) -> dict[str, Any]:
+    """`run_finetuning`'s options for one run (the budget's minutes are added by the caller):
+    the head's, or for the summary-vector head the model type's own (FINETUNE_BY_TYPE)."""
+    config = json.loads((model_dir / "model" / "config.json").read_text(encoding="utf-8"))
+    features = head.removesuffix("-frozen")
+    by_type = FINETUNE_BY_TYPE.get(config["model_type"], {})
+    if features != "cls":
+        by_type = {"lr": by_type["lr"]} if "lr" in by_type else {}
+    return {
+        "task": task,
+        "model": str(model_dir),
+        "data_dir": None if glue is None else str(glue),
+        "epochs": FINETUNE_EPOCHS,
+        "lr": FINETUNE_LR,
+        "batch_size": FINETUNE_BATCH,
+        "max_seq_length": 128,
+        "max_train_samples": FINETUNE_MAX_EXAMPLES,
+        "seed": seed,
+        "bf16": bf16,
+        "predict": False,
+        "config_overrides": dropout_overrides(config),
+        "features": features,
+        "freeze": head.endswith("-frozen"),
+        **by_type,
+    }
+
+
+def dropout_overrides(config: dict[str, Any]) -> str | None:
+    """BERT's fine-tuning dropout (0.1) on whichever of DROPOUT_FIELDS the model has: egbert's
+    pretraining defaults train without dropout, fine-tuning wants it back."""
+    fields = [name for name in DROPOUT_FIELDS if name in config]
+    return ",".join(f"{name}=0.1" for name in fields) or None
+
+
+# ---------------------------------------------------------------- the report
+
+
+def label(name: str) -> str:
+    """A table row's name: `bert`, or `bert (no pretraining)` for its twin (`, HEAD` kept)."""
+    model, comma, head = name.partition(",")
+    for family in MODEL_FAMILIES:
+        if model == TWIN.format(family):
+            return f"{family} (no pretraining){comma}{head}"
+    return name
+
+
+def average(scores: dict[str, float], tasks: Sequence[str]) -> float:
+    return glue_score({task: scores[task] for task in tasks if task not in APART})
+
+
+def write_report(
+    output_dir: Path,
+    budget: Budget,
+    tasks: list[str],
+    prompt_tasks: list[str],
+    pretraining: dict[str, dict],
+    finetune: dict[str, dict[str, dict[int, float]]],
+    probes: dict[str, dict],
+    prompts: dict[str, dict],
+) -> dict[str, Any]:
+    """Every table to results.md/.json (and the fine-tuning scores to results.png), printed."""
+    finetuned = {
+        label(name): {task: statistics.mean(by_seed.values()) for task, by_seed in runs.items()}
+        for name, runs in finetune.items()
+    }
+    per_seed = {
+        label(name): " / ".join(
+            f"{100 * average({t: runs[t][seed] for t in tasks}, tasks):.1f}"
+            for seed in budget.plan.seeds
+        )
+        for name, runs in finetune.items()
+        if all(len(runs[t]) > 1 for t in tasks)
+    }
+    probed = {label(n): {t: r["tasks"][t]["score"] for t in tasks} for n, r in probes.items()}
+    # a regression task's constant prediction correlates with nothing: 0
+    majority = {t: probes["bert"]["tasks"][t]["majority_score"] or 0.0 for t in tasks}
+    prompted = {
+        f"{label(name)}, {k}-shot": {
+            t: r["tasks"][t]["shots"][str(k)]["score"] for t in prompt_tasks
+        }
+        for name, r in prompts.items()
+        for k in PROMPT_SHOTS
+    }
+    tables = {
+        "pretraining": pretraining_table(pretraining),
+        "fine-tuning": score_table(finetuned, tasks, {"seeds": per_seed} if per_seed else None),
+        "probe": score_table({**probed, "majority class": majority}, tasks),
+        "k-shot prompting": score_table(prompted, prompt_tasks),
+    }
+    twin_of = {name: TWIN.format("bert") + name.removeprefix("bert") for name in finetune}
+    margins = {
+        f"fine-tuning, {name}": average(finetuned[label(name)], tasks)
+        - average(finetuned[label(twin_of[name])], tasks)
+        for name in finetune
+        if name.partition(",")[0] == "bert"
+    }
+    for family in MODEL_FAMILIES:
+        margins[f"probe, {family}"] = average(probed[family], tasks) - average(
+            probed[label(TWIN.format(family))], tasks
+        )
+    report = {
+        "plan": asdict(budget.plan),
+        "tasks": tasks,
+        "not_averaged": [t for t in tasks if t in APART],
+        "pretraining": pretraining,
+        "scores": finetuned,
+        "finetune_by_seed": finetune,
+        "probe": probed,
+        "probe_majority": majority,
+        "prompting": prompted,
+        "margins_over_twin": {name: round(100 * value, 2) for name, value in margins.items()},
+        "tables": tables,
+        "minutes": round((budget.total - budget.left()) / 60, 2),
+    }
+    markdown = "\n\n".join(f"## {name}\n\n{table}" for name, table in tables.items())
+    (output_dir / "results.md").write_text(markdown + "\n", encoding="utf-8")
+    (output_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot_results(output_dir / "results.png", finetuned, tasks)
+    budget.save()
+    print(markdown)
+    gains = ", ".join(f"{name} {100 * value:+.1f}" for name, value in margins.items())
+    print(f"\npretrained against untrained twin (average points): {gains}", flush=True)
+    print(f"quickstart: {report['minutes']:.1f} of {budget.total / 60:g} minutes", flush=True)
+    return report

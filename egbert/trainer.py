@@ -296,7 +296,8 @@ class Trainer:
     def train(self) -> TrainOutput:
         """Train (resuming if asked), then save the final model with its tokenizer and card."""
         try:
-            return self._train_and_save()
+            with stop_on_signals(lambda signum: setattr(self, "_signal_received", signum)):
+                return self._train_and_save()
         except OSError as error:  # a log, plot or the final model could not be written
             if error.errno not in WRITE_ERRNOS:
                 raise
@@ -331,8 +332,7 @@ class Trainer:
             disable=not accelerator.is_local_main_process,
             dynamic_ncols=True,
         )
-        with stop_on_signals(lambda signum: setattr(self, "_signal_received", signum)):
-            self._train_loop(progress)
+        self._train_loop(progress)
         progress.close()
         self.save_checkpoint()
         if self._stopping:

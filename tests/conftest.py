@@ -70,7 +70,7 @@ def tiny_gpt2_dir(data_dir: Path) -> Path:
     return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def subprocess_env() -> dict[str, str]:
     """The environment of an `egbert` or Python subprocess: the caller's (packages may come
     from its PYTHONPATH), one OpenMP thread, and this checkout first on PYTHONPATH."""

@@ -121,7 +121,10 @@ def main(argv: list[str] | None = None) -> None:
         "Fine-tune and evaluate a model on a GLUE task (or all of them, or your own files); "
         "keeps the best epoch on dev and writes GLUE submission files."
     )
-    finetune(*parse_args(types, argv, "egbert finetune", description, FINETUNE_DEFAULTS, EPILOG))
+    output = finetune(
+        *parse_args(types, argv, "egbert finetune", description, FINETUNE_DEFAULTS, EPILOG)
+    )
+    print(output.table)
 
 
 def run_finetuning(**options: Any) -> FinetuneOutput:
@@ -133,7 +136,7 @@ def run_finetuning(**options: Any) -> FinetuneOutput:
 
 
 def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOutput:
-    """Fine-tune on each task asked for; prints and returns the table of dev results."""
+    """Fine-tune on each task asked for; returns the results and their table."""
     check_paths(args)
     tasks = resolve_tasks(args)
     output_dir = Path(training.output_dir)
@@ -153,7 +156,6 @@ def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOu
         if scored:
             summary |= {"glue_average": glue_score(scored), "glue_average_tasks": list(scored)}
         (output_dir / "eval_results.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(output.table)
     return output
 
 
