@@ -37,7 +37,7 @@ from egbert.models.bert import (
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 from egbert.pretrain import data
-from egbert.tokenizer import check_vocab_matches, load_tokenizer
+from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 from egbert.trainer import Trainer, TrainingArguments, TrainOutput
 
 CONFIG_CLASSES = {"bert": EgbertBertConfig, "gpt": EgbertGPTConfig, "elmo": EgbertElmoConfig}
@@ -114,7 +114,7 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
         compute_metrics=compute_metrics,
         finalize_metrics=finalize_metrics,
         run_config=run_config(args, preset, tokenizer),
-        tokenizer=tokenizer,
+        tokenizer=tokenizer_for_model(tokenizer, model.config, args.seq_len),
     )
     result = trainer.train()
     if trainer.accelerator.is_main_process:
