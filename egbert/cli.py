@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "embed": ("egbert.embed", "extract sentence or token embeddings from a model"),
     "generate": ("egbert.generate", "generate text with a gpt model"),
     "convert": ("egbert.models.convert", "convert stock transformers BERT/GPT-2 <-> egbert"),
+    "push": ("egbert.push", "upload a model folder to the Hugging Face Hub"),
     "quickstart": ("egbert.quickstart", "run the whole pipeline on the data in $EGBERT_DATA"),
 }
 
