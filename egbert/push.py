@@ -4,10 +4,10 @@
         [--commit-message TEXT] [--dry-run]
 
 Only what a Hub model repository holds goes up: weights, config, generation config, tokenizer
-files, the README.md model card and modeling *.py files (for trust_remote_code). A folder with
-training leftovers (checkpoints/, optimizer states, logs) is refused: they are large, and a
-repository is for the model. A run directory can be given as it is: its model/ subfolder, where
-the trainer puts the final model, is what goes up.
+files, the README.md model card and the modeling *.py files (the code that loads the model
+without egbert). A folder with training leftovers (checkpoints/, optimizer states, logs) is
+refused: they are large, and a repository is for the model. A run directory can be given as it
+is: its model/ subfolder, where the trainer puts the final model, is what goes up.
 """
 
 from __future__ import annotations

@@ -250,16 +250,8 @@ def test_egbert_checkpoint_without_the_flag_gets_a_hint(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- fine-tuned classifiers
 
-TINY_EGBERT_GPT = dict(
-    vocab_size=120,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    initializer_range=0.2,
-    pad_token_id=0,  # padded_batch pads with 0
-)
+# initializer_range as TINY_GPT2's; pad_token_id 0: padded_batch pads with 0
+TINY_EGBERT_GPT = dict(TINY_BERT, initializer_range=0.2, pad_token_id=0)
 CLASSIFIERS = {
     "bert": (EgbertBertForSequenceClassification, EgbertBertConfig, TINY_BERT),
     "gpt": (EgbertGPTForSequenceClassification, EgbertGPTConfig, TINY_EGBERT_GPT),
