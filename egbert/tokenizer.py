@@ -359,7 +359,10 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
                 f"{path / 'tokenizer.json'} cannot be read ({message}); save the tokenizer "
                 "again or train one with `egbert tokenizer train`"
             ) from None
-        if tokenizer.cls_token is not None and "token_type_ids" not in tokenizer.model_input_names:
+        # A saved BERT template whose token_type_ids a save lost; a gpt or elmo tokenizer keeps
+        # [CLS] in its vocabulary but not in its template, and its models take no segments.
+        starts_with_cls = tokenizer("")["input_ids"][:1] == [tokenizer.cls_token_id]
+        if starts_with_cls and "token_type_ids" not in tokenizer.model_input_names:
             tokenizer.model_input_names = MODEL_INPUT_NAMES
         return tokenizer
     if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():

@@ -75,7 +75,7 @@ def test_loads_gpt2_vocab_and_merges(tiny_gpt2_dir, tmp_path):
     assert ours.decode(ours(text)["input_ids"]) == text
 
 
-def test_family_tokenizers_encode_what_each_family_was_pretrained_on(tiny_tokenizer_dir):
+def test_family_tokenizers_encode_what_each_family_was_pretrained_on(tiny_tokenizer_dir, tmp_path):
     shared = load_tokenizer(tiny_tokenizer_dir)
     a, b = (shared(text, add_special_tokens=False)["input_ids"] for text in PAIR)
     bert = tokenizer_for_family(shared, "bert", 128)
@@ -88,6 +88,8 @@ def test_family_tokenizers_encode_what_each_family_was_pretrained_on(tiny_tokeni
         assert tokenizer(*PAIR)["input_ids"] == [*a, shared.eos_token_id, *b]
         assert tokenizer.model_max_length == 64 and "token_type_ids" not in tokenizer(PAIR[0])
         assert len(tokenizer(" ".join(PAIR) * 20, truncation=True)["input_ids"]) == 64
+        tokenizer.save_pretrained(tmp_path / family)
+        assert "token_type_ids" not in load_tokenizer(tmp_path / family)(PAIR[0])
 
 
 def test_the_bert_family_needs_cls_and_sep_tokens(tiny_gpt2_dir):
