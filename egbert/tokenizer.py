@@ -59,7 +59,7 @@ FAMILY_OF_MODEL_TYPE = {
 FAMILIES = ("bert", "gpt", "elmo")
 # elmo's LSTMs have no position table, so no hard limit: this one bounds what `truncation=True`
 # lets through to them. BERT's length: 8x elmo's 64-token pretraining blocks, 4x fine-tuning's
-# default 128, and not a cap on `egbert embed`'s usual inputs.
+# default 128; `egbert embed`, which holds inputs to the tokenizer's limit, rarely meets it.
 RECURRENT_MAX_LENGTH = 512
 KINDS = ("wordpiece", "bpe")
 DECODE_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
