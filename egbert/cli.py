@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prompt-eval": ("egbert.evaluation.prompting", "score a gpt model by k-shot prompting"),
     "generate": ("egbert.generate", "generate text with a gpt model"),
     "convert": ("egbert.models.convert", "convert stock transformers BERT/GPT-2 <-> egbert"),
+    "push": ("egbert.push", "upload a model folder to the Hugging Face Hub"),
     "quickstart": ("egbert.quickstart", "run the whole pipeline on the data in $EGBERT_DATA"),
 }
 

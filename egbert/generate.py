@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, TextStreamer
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
 from egbert.checkpoints import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
 from egbert.errors import CheckpointError, ConfigError
-from egbert.tokenizer import check_vocab_matches, load_tokenizer
+from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 
 CAUSAL_MODEL_TYPES = ("egbert-gpt", "gpt2")
 
@@ -63,7 +63,9 @@ def generate(
     model_dir = Path(model_dir)
     check_generative_model(model_dir)
     model = load_pretrained(AutoModelForCausalLM, model_dir, allow_pickle=allow_pickle)
-    tokenizer = load_tokenizer(model_dir)
+    # Folders saved before tokenizers were made per family hold one that wraps every text in
+    # [CLS] ... [SEP]: re-made here for the gpt family, whatever the folder holds.
+    tokenizer = tokenizer_for_model(load_tokenizer(model_dir), model.config)
     check_vocab_matches(tokenizer, model.config.vocab_size, f"the model in {model_dir}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device).eval()
@@ -97,8 +99,9 @@ def generate(
 
 
 def prompt_ids(tokenizer, prompt: str, config) -> torch.Tensor:
-    """The prompt as (1, tokens) ids, without [CLS]/[SEP]; an empty prompt starts from bos."""
-    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    """The prompt as (1, tokens) ids, encoded as `pipeline("text-generation")` encodes it; an
+    empty prompt starts from bos."""
+    ids = tokenizer(prompt)["input_ids"]
     if not ids:
         start = config.bos_token_id if config.bos_token_id is not None else tokenizer.bos_token_id
         if start is None:

@@ -3,6 +3,8 @@
 One tokenizer serves bert, gpt and elmo so their results are comparable. It is saved as a
 `PreTrainedTokenizerFast`, so `transformers.AutoTokenizer.from_pretrained(DIR)` loads it offline.
 It can also be built from a stock BERT `vocab.txt` or from GPT-2's `vocab.json` + `merges.txt`.
+Every model folder holds the tokenizer made for its family by `tokenizer_for_family` (the same
+vocabulary, the special tokens that family's models were pretrained with, their length limit).
 
 CLI: `egbert tokenizer train ...` and `egbert tokenizer stats ...` (see `--help`).
 """
@@ -29,7 +31,7 @@ from tokenizers import (
     trainers,
 )
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFast
 
 from egbert.checkpoints import resolve_model_dir
 from egbert.errors import CheckpointError, ConfigError, DataError
@@ -39,6 +41,27 @@ SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK, EOT]
 # Token type ids are listed explicitly: transformers 5 drops them for a tokenizer built from a
 # `tokenizers` object unless `model_input_names` names them, and BERT's NSP needs them.
 MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
+SPECIAL_ROLES = (
+    "pad_token",
+    "unk_token",
+    "cls_token",
+    "sep_token",
+    "mask_token",
+    "bos_token",
+    "eos_token",
+)
+FAMILY_OF_MODEL_TYPE = {
+    "egbert-bert": "bert",
+    "bert": "bert",
+    "egbert-gpt": "gpt",
+    "gpt2": "gpt",
+    "egbert-elmo": "elmo",
+}
+FAMILIES = ("bert", "gpt", "elmo")
+# elmo's LSTMs have no position table, so no hard limit: this one bounds what `truncation=True`
+# lets through to them. BERT's length: 8x elmo's 64-token pretraining blocks, 4x fine-tuning's
+# default 128; `egbert embed`, which holds inputs to the tokenizer's limit, rarely meets it.
+RECURRENT_MAX_LENGTH = 512
 KINDS = ("wordpiece", "bpe")
 DECODE_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
 
@@ -111,13 +134,24 @@ def _byte_level_pipeline(model: models.BPE, lowercase: bool) -> Tokenizer:
     return tokenizer
 
 
-def _add_bert_template(tokenizer: Tokenizer) -> None:
+def _add_bert_template(tokenizer: Tokenizer, cls: str = CLS, sep: str = SEP) -> None:
     """`[CLS] A [SEP]` for one text, `[CLS] A [SEP] B [SEP]` with type ids 0/1 for a pair."""
-    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+    cls_id, sep_id = tokenizer.token_to_id(cls), tokenizer.token_to_id(sep)
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{CLS} $A {SEP}",
-        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
-        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, cls_id), (sep, sep_id)],
+    )
+
+
+def _add_document_template(tokenizer: Tokenizer, eos: str | None) -> None:
+    """A text as it is (pretraining packs documents with no other specials); a pair as two
+    documents, `A <|endoftext|> B`, the separator pretraining put between them."""
+    if eos is None:
+        tokenizer.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1")
+        return
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A", pair=f"$A {eos} $B:1", special_tokens=[(eos, tokenizer.token_to_id(eos))]
     )
 
 
@@ -224,6 +258,62 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | os.PathLik
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def tokenizer_for_family(
+    tokenizer: PreTrainedTokenizerFast, family: str, max_length: int
+) -> PreTrainedTokenizerFast:
+    """A copy of `tokenizer` that encodes text the way `family`'s models were pretrained on it,
+    with `max_length` as its model_max_length (what `truncation=True` cuts to).
+
+    bert: `[CLS] A [SEP]`, `[CLS] A [SEP] B [SEP]`, and token_type_ids among the model inputs.
+    gpt and elmo: the text alone, as pretraining packs it (egbert.pretrain.data.pack_blocks:
+    documents each followed by `<|endoftext|>`, no other specials), a pair as `A <|endoftext|> B`;
+    no token_type_ids (they have no segments, and stock GPT-2 would add them as word embeddings).
+    So `pipeline("text-generation")` prompts a gpt model with exactly the prompt's tokens.
+    """
+    if family not in FAMILIES:
+        raise ConfigError(f"unknown model family {family!r}; choose one of {', '.join(FAMILIES)}")
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    if family == "bert":
+        if tokenizer.cls_token is None or tokenizer.sep_token is None:
+            raise CheckpointError(
+                "the tokenizer has no [CLS]/[SEP] tokens, which every bert input starts and ends "
+                "with; train one with `egbert tokenizer train`"
+            )
+        _add_bert_template(backend, tokenizer.cls_token, tokenizer.sep_token)
+        input_names = MODEL_INPUT_NAMES
+    else:
+        _add_document_template(backend, tokenizer.eos_token)
+        input_names = [name for name in MODEL_INPUT_NAMES if name != "token_type_ids"]
+    roles = {role: getattr(tokenizer, role) for role in SPECIAL_ROLES}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        model_input_names=input_names,
+        model_max_length=max_length,
+        clean_up_tokenization_spaces=tokenizer.clean_up_tokenization_spaces,
+        **{role: token for role, token in roles.items() if token is not None},
+    )
+
+
+def tokenizer_for_model(
+    tokenizer: PreTrainedTokenizerFast, config: PretrainedConfig, sequence_length: int | None = None
+) -> PreTrainedTokenizerFast:
+    """`tokenizer_for_family` for the model `config` describes: the family from its model_type,
+    the length from its position table (elmo has none: the longer of RECURRENT_MAX_LENGTH and
+    `sequence_length`, the length it was pretrained on)."""
+    family = FAMILY_OF_MODEL_TYPE.get(config.model_type)
+    if family is None:
+        raise CheckpointError(
+            f"no tokenizer rules for a {config.model_type!r} model; egbert knows "
+            f"{', '.join(FAMILY_OF_MODEL_TYPE)}"
+        )
+    max_length = getattr(config, "max_position_embeddings", None)
+    if max_length is None:
+        max_length = max(RECURRENT_MAX_LENGTH, sequence_length or 0)
+    return tokenizer_for_family(tokenizer, family, max_length)
+
+
 def _vocab_is_lowercase(vocab: dict[str, int]) -> bool:
     return not any(token.lower() != token for token in vocab if not token.startswith("["))
 
@@ -271,7 +361,10 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
                 f"{path / 'tokenizer.json'} cannot be read ({message}); save the tokenizer "
                 "again or train one with `egbert tokenizer train`"
             ) from None
-        if tokenizer.cls_token is not None and "token_type_ids" not in tokenizer.model_input_names:
+        # A saved BERT template whose token_type_ids a save lost; a gpt or elmo tokenizer keeps
+        # [CLS] in its vocabulary but not in its template, and its models take no segments.
+        starts_with_cls = tokenizer("")["input_ids"][:1] == [tokenizer.cls_token_id]
+        if starts_with_cls and "token_type_ids" not in tokenizer.model_input_names:
             tokenizer.model_input_names = MODEL_INPUT_NAMES
         return tokenizer
     if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():

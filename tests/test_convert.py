@@ -1,4 +1,5 @@
-"""Stock transformers BERT / GPT-2 <-> egbert: same outputs, exact round trips, the CLI."""
+"""Stock transformers BERT / GPT-2 <-> egbert: same outputs, exact round trips, the CLI, the
+fine-tuned classifiers that have a stock twin and the one-line refusal of those that have none."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import (
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
     BertForPreTraining,
+    BertForSequenceClassification,
     BertModel,
     GPT2Config,
+    GPT2ForSequenceClassification,
     GPT2LMHeadModel,
 )
 
@@ -32,7 +36,14 @@ from egbert.models.convert import (
     gpt2_from_transformers,
     gpt2_to_transformers,
 )
-from egbert.models.gpt import EgbertGPTForCausalLM
+from egbert.models.elmo import EgbertElmoConfig
+from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.models.heads import (
+    EgbertBertForSequenceClassification,
+    EgbertElmoForSequenceClassification,
+    EgbertGPTForSequenceClassification,
+)
+from egbert.tokenizer import load_tokenizer
 
 TOLERANCE = dict(atol=1e-5, rtol=0)
 TINY_BERT = dict(
@@ -235,3 +246,131 @@ def test_egbert_checkpoint_without_the_flag_gets_a_hint(tmp_path: Path) -> None:
     EgbertBertModel(EgbertBertConfig(**TINY_BERT)).save_pretrained(tmp_path)
     with pytest.raises(SystemExit, match="--to-transformers"):
         cli(["convert", "--from", str(tmp_path), "--to", str(tmp_path / "out")])
+
+
+# ---------------------------------------------------------------- fine-tuned classifiers
+
+# initializer_range as TINY_GPT2's; pad_token_id 0: padded_batch pads with 0
+TINY_EGBERT_GPT = dict(TINY_BERT, initializer_range=0.2, pad_token_id=0)
+CLASSIFIERS = {
+    "bert": (EgbertBertForSequenceClassification, EgbertBertConfig, TINY_BERT),
+    "gpt": (EgbertGPTForSequenceClassification, EgbertGPTConfig, TINY_EGBERT_GPT),
+}
+LABELS = {0: "contradiction", 1: "neutral", 2: "entailment"}
+
+
+def trained_looking_classifier(family: str, **options):
+    """An egbert classifier whose output layer has a bias far from 0, as after fine-tuning."""
+    model_class, config_class, sizes = CLASSIFIERS[family]
+    torch.manual_seed(0)
+    model = model_class(config_class(**{**sizes, **options})).eval()
+    with torch.no_grad():
+        model.classifier.bias.normal_(std=0.5)
+    return model
+
+
+def classifier_logits(model, ids, attention_mask) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, attention_mask=attention_mask).logits
+
+
+CLASSIFIER_CASES = [
+    ("bert", dict(id2label=LABELS), BertForSequenceClassification),
+    ("gpt", dict(id2label=LABELS), GPT2ForSequenceClassification),
+    # a regression head that learned label statistics (STS-B's are about 2.7 and 1.5)
+    ("bert", dict(num_labels=1, regression_target_mean=2.7, regression_target_std=1.5), None),
+    ("gpt", dict(num_labels=1, regression_target_mean=2.7, regression_target_std=1.5), None),
+]
+
+
+@pytest.mark.parametrize(("family", "options", "stock_class"), CLASSIFIER_CASES)
+def test_cls_head_classifier_converts_to_the_stock_class_with_equal_logits(
+    family: str, options: dict, stock_class, tmp_path: Path
+) -> None:
+    egbert = trained_looking_classifier(family, **options)
+    egbert.save_pretrained(tmp_path / "egbert")
+    convert_checkpoint(tmp_path / "egbert", tmp_path / "stock", to_transformers=True)
+    stock = AutoModelForSequenceClassification.from_pretrained(tmp_path / "stock").eval()
+    if stock_class is not None:
+        assert type(stock) is stock_class
+    assert stock.config.id2label == egbert.config.id2label
+    assert "egbert" not in (tmp_path / "stock" / "config.json").read_text()
+    ids, attention_mask = padded_batch(120)  # right padding with 0, the gpt's pad_token_id
+    expected = classifier_logits(egbert, ids, attention_mask)
+    torch.testing.assert_close(classifier_logits(stock, ids, attention_mask), expected, **TOLERANCE)
+    # and back: the stock classifier as an egbert one gives the same logits
+    back = (bert_from_transformers if family == "bert" else gpt2_from_transformers)(stock)
+    assert isinstance(back, type(egbert))
+    torch.testing.assert_close(classifier_logits(back, ids, attention_mask), expected, **TOLERANCE)
+
+
+def test_stock_classifiers_round_trip_exactly() -> None:
+    torch.manual_seed(0)
+    bert = BertForSequenceClassification(BertConfig(**TINY_BERT, num_labels=3)).eval()
+    gpt2 = GPT2ForSequenceClassification(
+        GPT2Config(**TINY_GPT2, num_labels=3, pad_token_id=0)
+    ).eval()
+    ids, attention_mask = padded_batch(120)
+    for stock, to_egbert, to_stock in (
+        (bert, bert_from_transformers, bert_to_transformers),
+        (gpt2, gpt2_from_transformers, gpt2_to_transformers),
+    ):
+        egbert = to_egbert(stock)
+        torch.testing.assert_close(
+            classifier_logits(egbert, ids, attention_mask),
+            classifier_logits(stock, ids, attention_mask),
+            **TOLERANCE,
+        )
+        assert_same_state_dict(stock, to_stock(egbert))
+
+
+@pytest.mark.parametrize(
+    ("family", "options", "reason"),
+    [
+        ("bert", dict(classifier_features="last4-concat"), "classifier_features='last4-concat'"),
+        ("bert", dict(classifier_features="last4-sum"), "classifier_features='last4-sum'"),
+        ("gpt", dict(classifier_features="scalar-mix"), "classifier_features='scalar-mix'"),
+        (
+            "gpt",
+            dict(classifier_features="last4-concat", classifier_pool="mean"),
+            "classifier_features='last4-concat'",
+        ),
+        ("bert", dict(classifier_layer_norm=True), "classifier_layer_norm"),
+        ("gpt", dict(pad_token_id=None), "pad_token_id"),
+    ],
+)
+def test_heads_without_a_stock_twin_are_refused_in_one_line(
+    family: str, options: dict, reason: str, tmp_path: Path, capsys
+) -> None:
+    trained_looking_classifier(family, **options).save_pretrained(tmp_path / "egbert")
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["convert", "--from", str(tmp_path / "egbert"), "--to", str(tmp_path / "stock")]
+            + ["--to-transformers"])  # fmt: skip
+    message = str(exit_info.value)
+    assert reason in message and "\n" not in message
+    assert not (tmp_path / "stock").exists()
+
+
+def test_an_elmo_classifier_is_refused_naming_elmo(tmp_path: Path) -> None:
+    config = EgbertElmoConfig(vocab_size=50, hidden_size=8, cell_size=16, num_hidden_layers=1)
+    EgbertElmoForSequenceClassification(config).save_pretrained(tmp_path / "elmo")
+    with pytest.raises(CheckpointError, match="transformers has no ELMo"):
+        convert_checkpoint(tmp_path / "elmo", tmp_path / "stock", to_transformers=True)
+
+
+def test_converted_gpt_gets_the_gpt_tokenizer(tiny_tokenizer_dir: Path, tmp_path: Path) -> None:
+    """An egbert gpt folder saved with the shared tokenizer's [CLS] ... [SEP] template becomes a
+    stock GPT-2 whose tokenizer gives the text's tokens only, and no token_type_ids (GPT-2 would
+    add those as word embeddings)."""
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    sizes = dict(TINY_EGBERT_GPT, vocab_size=len(tokenizer))
+    EgbertGPTForCausalLM(EgbertGPTConfig(**sizes)).save_pretrained(tmp_path / "egbert")
+    tokenizer.save_pretrained(tmp_path / "egbert")
+    convert_checkpoint(tmp_path / "egbert", tmp_path / "stock", to_transformers=True)
+    stock_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "stock")
+    encoded = stock_tokenizer("the history of")
+    assert (
+        encoded["input_ids"] == tokenizer("the history of", add_special_tokens=False)["input_ids"]
+    )
+    assert "token_type_ids" not in encoded
+    assert stock_tokenizer.model_max_length == sizes["max_position_embeddings"]

@@ -13,6 +13,7 @@ from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.tokenizer import (
     check_vocab_matches,
     load_tokenizer,
+    tokenizer_for_family,
     tokenizer_stats,
     train_tokenizer,
 )
@@ -72,6 +73,28 @@ def test_loads_gpt2_vocab_and_merges(tiny_gpt2_dir, tmp_path):
     assert ours(text)["input_ids"] == stock(text)["input_ids"]
     assert ours.eos_token == "<|endoftext|>" and len(ours) == 50257
     assert ours.decode(ours(text)["input_ids"]) == text
+
+
+def test_family_tokenizers_encode_what_each_family_was_pretrained_on(tiny_tokenizer_dir, tmp_path):
+    shared = load_tokenizer(tiny_tokenizer_dir)
+    a, b = (shared(text, add_special_tokens=False)["input_ids"] for text in PAIR)
+    bert = tokenizer_for_family(shared, "bert", 128)
+    cls, sep = shared.cls_token_id, shared.sep_token_id
+    assert bert(*PAIR)["input_ids"] == [cls, *a, sep, *b, sep]
+    assert bert.model_max_length == 128 and "token_type_ids" in bert(PAIR[0])
+    for family in ("gpt", "elmo"):
+        tokenizer = tokenizer_for_family(shared, family, 64)
+        assert tokenizer(PAIR[0])["input_ids"] == a  # as pretraining packs a document
+        assert tokenizer(*PAIR)["input_ids"] == [*a, shared.eos_token_id, *b]
+        assert tokenizer.model_max_length == 64 and "token_type_ids" not in tokenizer(PAIR[0])
+        assert len(tokenizer(" ".join(PAIR) * 20, truncation=True)["input_ids"]) == 64
+        tokenizer.save_pretrained(tmp_path / family)
+        assert "token_type_ids" not in load_tokenizer(tmp_path / family)(PAIR[0])
+
+
+def test_the_bert_family_needs_cls_and_sep_tokens(tiny_gpt2_dir):
+    with pytest.raises(CheckpointError, match=r"no \[CLS\]/\[SEP\] tokens"):
+        tokenizer_for_family(load_tokenizer(tiny_gpt2_dir), "bert", 1024)
 
 
 def test_stats_report_sensible_numbers(tiny_tokenizer_dir, wikitext_slice):

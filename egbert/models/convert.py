@@ -1,10 +1,18 @@
 """Convert stock transformers BERT / GPT-2 checkpoints to egbert models and back (`egbert convert`).
 
-Stock -> egbert: BertModel, BertForPreTraining, BertForMaskedLM -> the egbert-bert classes;
-GPT2Model, GPT2LMHeadModel -> the egbert-gpt classes. egbert -> stock goes the other way and gives
-checkpoints that plain transformers loads without egbert installed. Weights are only renamed,
-concatenated (BERT's query/key/value into one projection) or transposed (GPT-2's Conv1D), so a
-round trip reproduces the original state dict exactly.
+Stock -> egbert: BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification ->
+the egbert-bert classes; GPT2Model, GPT2LMHeadModel, GPT2ForSequenceClassification -> the
+egbert-gpt classes. egbert -> stock goes the other way and gives checkpoints that plain
+transformers loads without egbert installed. Weights are only renamed, concatenated (BERT's
+query/key/value into one projection) or transposed (GPT-2's Conv1D), so a round trip reproduces
+the original state dict exactly.
+
+Fine-tuned classifiers convert when their head is the one the stock class has: classifier_features
+"cls" (BERT's pooled [CLS], GPT's last token) into one linear layer, no classifier_layer_norm. Two
+folds keep the logits equal where egbert's head computes a little more: a regression head's label
+statistics go into its linear layer ((W x + b) * std + mean), and, since GPT-2's score layer has
+no bias, a gpt classifier's bias goes into the final LayerNorm's (only the score layer reads it).
+The target folder gets the tokenizer made for the model's family (egbert.tokenizer).
 """
 
 from __future__ import annotations
@@ -22,10 +30,13 @@ from transformers import (
     BertConfig,
     BertForMaskedLM,
     BertForPreTraining,
+    BertForSequenceClassification,
     BertModel,
     GPT2Config,
+    GPT2ForSequenceClassification,
     GPT2LMHeadModel,
     GPT2Model,
+    PretrainedConfig,
     PreTrainedModel,
 )
 from transformers import initialization as init
@@ -39,29 +50,38 @@ from egbert.models.bert import (
     EgbertBertModel,
 )
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM, EgbertGPTModel
-from egbert.models.layers import ACTIVATIONS
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
+from egbert.models.heads import (
+    EgbertBertForSequenceClassification,
+    EgbertGPTForSequenceClassification,
+    head_option,
+    is_regression,
+    regression_target_stats,
 )
+from egbert.models.layers import ACTIVATIONS
+from egbert.tokenizer import load_tokenizer, tokenizer_for_model
+
+# The files egbert.tokenizer.load_tokenizer builds a tokenizer from; the vocabularies are also
+# copied as they are beside the tokenizer the target gets (tools outside transformers read them).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
+VOCAB_FILES = ("vocab.txt", "vocab.json", "merges.txt")
 
 # stock class <-> egbert class, and the prefix of the encoder/decoder weights in each
 BERT_CLASSES = {
     BertModel: (EgbertBertModel, ""),
     BertForPreTraining: (EgbertBertForPreTraining, "bert."),
     BertForMaskedLM: (EgbertBertForMaskedLM, "bert."),
+    BertForSequenceClassification: (EgbertBertForSequenceClassification, "bert."),
 }
 GPT2_CLASSES = {
     GPT2Model: (EgbertGPTModel, ""),
     GPT2LMHeadModel: (EgbertGPTForCausalLM, "transformer."),
+    GPT2ForSequenceClassification: (EgbertGPTForSequenceClassification, "transformer."),
 }
-EGBERT_GPT_PREFIX = {EgbertGPTModel: "", EgbertGPTForCausalLM: "gpt."}
+EGBERT_GPT_PREFIX = {
+    EgbertGPTModel: "",
+    EgbertGPTForCausalLM: "gpt.",
+    EgbertGPTForSequenceClassification: "gpt.",
+}
 
 # One weight mapping: (stock names, egbert name, how). "copy" and "transpose" take one stock
 # tensor; "concat" joins several along dim 0 (and splits them again on the way back).
@@ -181,11 +201,24 @@ def _check_activation(name: str) -> None:
         raise CheckpointError(f"activation {name!r} has no egbert equivalent ({list(ACTIVATIONS)})")
 
 
+def copy_labels(source: PretrainedConfig, target: PretrainedConfig) -> None:
+    """A classifier's labels and problem type: transformers' own fields, the same in both."""
+    target.id2label = dict(source.id2label)
+    target.label2id = {label: index for index, label in source.id2label.items()}
+    target.problem_type = source.problem_type
+
+
 # ---------------------------------------------------------------- weight names
 
 
 def bert_mappings(
-    num_layers: int, stock_prefix: str, egbert_prefix: str, pooler: bool, mlm: bool, nsp: bool
+    num_layers: int,
+    stock_prefix: str,
+    egbert_prefix: str,
+    pooler: bool,
+    mlm: bool,
+    nsp: bool,
+    classifier: bool = False,
 ) -> list[Mapping]:
     s, e = stock_prefix, egbert_prefix
     mappings: list[Mapping] = [
@@ -222,11 +255,13 @@ def bert_mappings(
         mappings.append((("cls.predictions.bias",), "mlm_head.decoder.bias", "copy"))
     if nsp:
         mappings += _weights_and_biases([("cls.seq_relationship", "nsp_head")], "", "", "copy")
+    if classifier:
+        mappings += _weights_and_biases([("classifier", "classifier")], "", "", "copy")
     return mappings
 
 
 def gpt2_mappings(
-    num_layers: int, stock_prefix: str, egbert_prefix: str, lm_head: bool
+    num_layers: int, stock_prefix: str, egbert_prefix: str, lm_head: bool, score: bool = False
 ) -> list[Mapping]:
     s, e = stock_prefix, egbert_prefix
     mappings: list[Mapping] = [
@@ -251,6 +286,8 @@ def gpt2_mappings(
         mappings.append(((f"{s}{stock}.bias",), f"{e}{egbert}.bias", "copy"))
     if lm_head:
         mappings.append((("lm_head.weight",), "lm_head.weight", "copy"))
+    if score:  # its bias: fold_bias_into_final_norm, and zero on the way back
+        mappings.append((("score.weight",), "classifier.weight", "copy"))
     return mappings
 
 
@@ -298,10 +335,16 @@ def egbert_to_stock_state(
 # ---------------------------------------------------------------- models
 
 
-def bert_from_transformers(model: BertModel | BertForPreTraining | BertForMaskedLM):
-    """A stock BERT model (BertModel, BertForPreTraining or BertForMaskedLM) as its egbert twin."""
+def bert_from_transformers(
+    model: BertModel | BertForPreTraining | BertForMaskedLM | BertForSequenceClassification,
+):
+    """A stock BERT model (BertModel, BertForPreTraining, BertForMaskedLM or
+    BertForSequenceClassification) as its egbert twin."""
     egbert_class, prefix = _lookup(BERT_CLASSES, type(model))
     config = bert_config_from_transformers(model.config)
+    if egbert_class is EgbertBertForSequenceClassification:
+        copy_labels(model.config, config)
+        config.classifier_dropout = model.config.classifier_dropout
     pooler = _bert_has_pooler(model)
     state = stock_to_egbert_state(
         model.state_dict(), _bert_mappings_for(egbert_class, config, prefix, pooler)
@@ -310,49 +353,135 @@ def bert_from_transformers(model: BertModel | BertForPreTraining | BertForMasked
     return _build(egbert_class, config, state, model.dtype, **options)
 
 
-def bert_to_transformers(model: EgbertBertModel | EgbertBertForPreTraining | EgbertBertForMaskedLM):
+def bert_to_transformers(
+    model: EgbertBertModel
+    | EgbertBertForPreTraining
+    | EgbertBertForMaskedLM
+    | EgbertBertForSequenceClassification,
+):
     """An egbert BERT model as the stock transformers class of the same shape."""
     stock_class = next(
         stock for stock, (egbert, _) in BERT_CLASSES.items() if egbert is type(model)
     )
     prefix = BERT_CLASSES[stock_class][1]
     config = bert_config_to_transformers(model.config)
+    state = model.state_dict()
+    if stock_class is BertForSequenceClassification:
+        check_stock_head(model.config)
+        copy_labels(model.config, config)
+        config.classifier_dropout = head_option(model.config, "classifier_dropout")
+        state = classifier_in_label_units(state, model.config)
     pooler = _bert_has_pooler(model)
     state = egbert_to_stock_state(
-        model.state_dict(), _bert_mappings_for(type(model), model.config, prefix, pooler)
+        state, _bert_mappings_for(type(model), model.config, prefix, pooler)
     )
     options = {"add_pooling_layer": pooler} if stock_class is BertModel else {}
     return _build(stock_class, config, state, model.dtype, **options)
 
 
-def gpt2_from_transformers(model: GPT2Model | GPT2LMHeadModel):
-    """A stock GPT-2 model (GPT2Model or GPT2LMHeadModel) as its egbert twin."""
+def gpt2_from_transformers(model: GPT2Model | GPT2LMHeadModel | GPT2ForSequenceClassification):
+    """A stock GPT-2 model (GPT2Model, GPT2LMHeadModel or GPT2ForSequenceClassification) as its
+    egbert twin."""
     egbert_class, prefix = _lookup(GPT2_CLASSES, type(model))
     config = gpt2_config_from_transformers(model.config)
+    classifier = egbert_class is EgbertGPTForSequenceClassification
     mappings = gpt2_mappings(
         config.num_hidden_layers,
         prefix,
         EGBERT_GPT_PREFIX[egbert_class],
-        egbert_class is not EgbertGPTModel,
+        lm_head=egbert_class is EgbertGPTForCausalLM,
+        score=classifier,
     )
     state = stock_to_egbert_state(model.state_dict(), mappings)
+    if classifier:
+        copy_labels(model.config, config)
+        score = state["classifier.weight"]
+        state["classifier.bias"] = score.new_zeros(score.shape[0])
     return _build(egbert_class, config, state, model.dtype)
 
 
-def gpt2_to_transformers(model: EgbertGPTModel | EgbertGPTForCausalLM):
-    """An egbert GPT model as GPT2Model or GPT2LMHeadModel."""
+def gpt2_to_transformers(
+    model: EgbertGPTModel | EgbertGPTForCausalLM | EgbertGPTForSequenceClassification,
+):
+    """An egbert GPT model as GPT2Model, GPT2LMHeadModel or GPT2ForSequenceClassification."""
     stock_class = next(
         stock for stock, (egbert, _) in GPT2_CLASSES.items() if egbert is type(model)
     )
     config = gpt2_config_to_transformers(model.config)
+    prefix = EGBERT_GPT_PREFIX[type(model)]
+    state = model.state_dict()
+    if stock_class is GPT2ForSequenceClassification:
+        check_stock_head(model.config)
+        if model.config.pad_token_id is None:
+            raise CheckpointError(
+                "GPT2ForSequenceClassification finds each row's last token by pad_token_id, and "
+                "this gpt classifier's config has none; set pad_token_id in its config.json to "
+                "the tokenizer's pad token id"
+            )
+        copy_labels(model.config, config)
+        state = fold_bias_into_final_norm(classifier_in_label_units(state, model.config), prefix)
     mappings = gpt2_mappings(
         model.config.num_hidden_layers,
         GPT2_CLASSES[stock_class][1],
-        EGBERT_GPT_PREFIX[type(model)],
-        stock_class is GPT2LMHeadModel,
+        prefix,
+        lm_head=stock_class is GPT2LMHeadModel,
+        score=stock_class is GPT2ForSequenceClassification,
     )
-    state = egbert_to_stock_state(model.state_dict(), mappings)
-    return _build(stock_class, config, state, model.dtype)
+    return _build(stock_class, config, egbert_to_stock_state(state, mappings), model.dtype)
+
+
+# ---------------------------------------------------------------- classifier heads
+
+
+def check_stock_head(config: PretrainedConfig) -> None:
+    """CheckpointError unless the classifier computes what the stock class does: the family's
+    summary of the top layer (BERT's pooled [CLS], GPT's last token) into one linear layer.
+    (classifier_pool does not matter: it only pools the layers of the other features.)"""
+    features = head_option(config, "classifier_features")
+    if features != "cls":
+        raise CheckpointError(
+            f"this classifier reads classifier_features={features!r}, and the stock transformers "
+            "classifiers read only the top layer's [CLS] (BERT) or last token (GPT-2); only "
+            "classifier_features='cls' heads convert"
+        )
+    if head_option(config, "classifier_layer_norm"):
+        raise CheckpointError(
+            "this classifier normalizes its features (classifier_layer_norm=true), a step the "
+            "stock transformers classifiers do not have; only heads without it convert"
+        )
+
+
+def classifier_in_label_units(
+    state: dict[str, torch.Tensor], config: PretrainedConfig
+) -> dict[str, torch.Tensor]:
+    """The classifier's weights with a regression head's label statistics folded in:
+    (W x + b) * std + mean = (std W) x + (std b + mean), what the stock head outputs as it is."""
+    if not is_regression(config):
+        return state
+    mean, std = regression_target_stats(config)
+    weight, bias = state["classifier.weight"], state["classifier.bias"]
+    return {**state, "classifier.weight": weight * std, "classifier.bias": bias * std + mean}
+
+
+def fold_bias_into_final_norm(
+    state: dict[str, torch.Tensor], prefix: str
+) -> dict[str, torch.Tensor]:
+    """GPT-2's score layer has no bias. The final LayerNorm's output feeds only the score layer,
+    so adding d with W d = b to that LayerNorm's bias adds b to the logits (d = pinv(W) b, the
+    smallest such shift; exact while W's rows, one per label, are independent). The stock
+    model's last hidden state moves by d; its logits are egbert's."""
+    weight = state["classifier.weight"].double()  # (labels, hidden)
+    bias = state["classifier.bias"].double()
+    shift = torch.linalg.pinv(weight) @ bias
+    if not torch.allclose(weight @ shift, bias, rtol=1e-6, atol=1e-7):
+        raise CheckpointError(
+            "the gpt classifier's weight rows are linearly dependent, so GPT-2's bias-free score "
+            "layer cannot reproduce its bias; this head has no stock twin"
+        )
+    norm_bias = f"{prefix}final_norm.bias"
+    folded = {name: tensor for name, tensor in state.items() if name != "classifier.bias"}
+    folded[norm_bias] = (state[norm_bias].double() + shift).to(state[norm_bias].dtype)
+    return folded
 
 
 def _lookup(table: dict, model_class: type) -> tuple:
@@ -372,8 +501,9 @@ def _bert_mappings_for(egbert_class: type, config, prefix: str, pooler: bool) ->
         stock_prefix=prefix,
         egbert_prefix=prefix,
         pooler=pooler,
-        mlm=egbert_class is not EgbertBertModel,
+        mlm=egbert_class in (EgbertBertForPreTraining, EgbertBertForMaskedLM),
         nsp=egbert_class is EgbertBertForPreTraining,
+        classifier=egbert_class is EgbertBertForSequenceClassification,
     )
 
 
@@ -396,8 +526,10 @@ EGBERT_CLASSES = {
         EgbertBertModel,
         EgbertBertForPreTraining,
         EgbertBertForMaskedLM,
+        EgbertBertForSequenceClassification,
         EgbertGPTModel,
         EgbertGPTForCausalLM,
+        EgbertGPTForSequenceClassification,
     )
 }
 # Pretraining classes whose encoder alone has a stock counterpart: ELECTRA-style pretraining's
@@ -417,7 +549,8 @@ def convert_checkpoint(
     to_transformers: bool = False,
     allow_pickle: bool = False,
 ) -> PreTrainedModel:
-    """Convert the model saved in `source` and save it, with its tokenizer files, to `target`.
+    """Convert the model saved in `source` and save it, with its tokenizer made for the model's
+    family (egbert.tokenizer.tokenizer_for_model), to `target`.
 
     Stock BERT/GPT-2 -> egbert by default; egbert -> stock with to_transformers=True.
     A pickle checkpoint (pytorch_model.bin) is read only with `allow_pickle`, through
@@ -433,6 +566,11 @@ def convert_checkpoint(
             )
         elif architecture in EGBERT_CLASSES:
             model = load_pretrained(EGBERT_CLASSES[architecture], source, allow_pickle)
+        elif architecture.startswith("EgbertElmo"):
+            raise CheckpointError(
+                f"{source} holds an elmo model ({architecture}), and transformers has no ELMo "
+                "class to convert it to; use it with egbert"
+            )
         else:
             raise CheckpointError(
                 f"{source} holds a {architecture}, not an egbert model: --to-transformers "
@@ -457,7 +595,7 @@ def convert_checkpoint(
         converted = bert_from_transformers(model) if is_bert else gpt2_from_transformers(model)
     with staged_directory(target) as staging:
         converted.save_pretrained(staging)
-        copy_tokenizer_files(source, staging)
+        save_tokenizer_for(converted.config, source, staging)
     return converted
 
 
@@ -498,8 +636,13 @@ def read_architecture(directory: Path) -> str:
     return DEFAULT_ARCHITECTURE[model_type]
 
 
-def copy_tokenizer_files(source: Path, target: Path) -> None:
-    for name in TOKENIZER_FILES:
+def save_tokenizer_for(config: PretrainedConfig, source: Path, target: Path) -> None:
+    """The tokenizer in `source` (if any), made for the converted model's family and length."""
+    if not any((source / name).is_file() for name in TOKENIZER_FILES):
+        return
+    tokenizer = tokenizer_for_model(load_tokenizer(source), config)
+    tokenizer.save_pretrained(target)
+    for name in VOCAB_FILES:
         if (source / name).is_file():
             shutil.copyfile(source / name, target / name)
 
@@ -508,8 +651,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="egbert convert",
         description="Convert a stock transformers BertModel / BertForPreTraining / BertForMaskedLM "
-        "/ GPT2LMHeadModel checkpoint to egbert, or (--to-transformers) an egbert bert or gpt "
-        "checkpoint to the stock class. Tokenizer files are copied along.",
+        "/ BertForSequenceClassification / GPT2Model / GPT2LMHeadModel / "
+        "GPT2ForSequenceClassification checkpoint to egbert, or (--to-transformers) an egbert bert "
+        "or gpt checkpoint, fine-tuned classifiers with the 'cls' head included, to the stock "
+        "class. The tokenizer comes along, made for the model's family.",
     )
     parser.add_argument("--from", dest="source", required=True, help="model directory to read")
     parser.add_argument("--to", dest="target", required=True, help="directory to write")

@@ -50,7 +50,7 @@ from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 from egbert.pretrain import data
 from egbert.report import ModelCardInfo
-from egbert.tokenizer import check_vocab_matches, load_tokenizer
+from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 from egbert.trainer import Trainer, TrainOutput
 
 CONFIG_CLASSES = {"bert": EgbertBertConfig, "gpt": EgbertGPTConfig, "elmo": EgbertElmoConfig}
@@ -140,7 +140,7 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
         batch_metrics=batch_metrics,
         finalize_metrics=finalize_metrics,
         run_config=run_config(args, preset, tokenizer),
-        tokenizer=tokenizer,
+        tokenizer=tokenizer_for_model(tokenizer, model.config, args.seq_len),
         card=ModelCardInfo(
             pipeline_tag=PIPELINE_TAGS[args.model],
             license=args.license,

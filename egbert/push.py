@@ -1,0 +1,215 @@
+"""Upload a model folder to the Hugging Face Hub (`egbert push`).
+
+    egbert push --repo-id USER/NAME --folder runs/gpt-small [--private] [--revision BRANCH]
+        [--commit-message TEXT] [--dry-run]
+
+Only what a Hub model repository holds goes up: weights, config, generation config, tokenizer
+files, the README.md model card and the modeling *.py files (the code that loads the model
+without egbert). A folder with training leftovers (checkpoints/, optimizer states, logs) is
+refused: they are large, and a repository is for the model. A run directory can be given as it
+is: its model/ subfolder, where the trainer puts the final model, is what goes up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import HfApi, constants
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalTokenNotFoundError
+from huggingface_hub.utils import get_session, validate_repo_id
+
+from egbert.errors import CheckpointError, ConfigError
+
+# What a Hub model repository holds, as file name patterns (top level only).
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model*.bin",
+    "pytorch_model.bin.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "README.md",
+    "*.py",
+)
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+# What training leaves beside a model: checkpoints, optimizer and scheduler states, RNG states,
+# logs. Their presence means the folder is a run, not a model.
+LEFTOVER_DIRS = ("checkpoint*", "logs", "runs", "tensorboard", "wandb")
+LEFTOVER_FILES = (
+    "optimizer*",
+    "scheduler*",
+    "random_states*",
+    "scaler.pt",
+    "trainer_state.json",
+    "training_args.bin",
+    "*.log",
+    "*.jsonl",
+    "events.out.tfevents*",
+)
+REACH_TIMEOUT_S = 10.0
+
+
+@dataclass
+class PushPlan:
+    """What `push_to_hub` uploads: the model folder and its files (names, sizes in bytes)."""
+
+    folder: Path
+    files: dict[str, int]
+
+
+def matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
+
+
+def plan_upload(folder: str | os.PathLike) -> PushPlan:
+    """The model folder to upload (`folder`, or its model/ subfolder for a run directory) and the
+    files of it that go up; CheckpointError for a folder with no model or with training leftovers.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such folder; pass a model folder with --folder")
+    if (folder / "model" / "config.json").is_file():
+        folder = folder / "model"  # a run directory: the final model is in model/
+    entries = sorted(folder.iterdir())
+    leftovers = [
+        entry.name + ("/" if entry.is_dir() else "")
+        for entry in entries
+        if matches(entry.name, LEFTOVER_DIRS if entry.is_dir() else LEFTOVER_FILES)
+    ]
+    if leftovers:
+        raise CheckpointError(
+            f"{folder} holds training leftovers ({', '.join(leftovers)}), not only a model; push "
+            "the run's model/ folder, or save the model alone with save_pretrained and push that"
+        )
+    files = {
+        entry.name: entry.stat().st_size
+        for entry in entries
+        if entry.is_file() and matches(entry.name, MODEL_FILES)
+    }
+    has_weights = any(matches(name, WEIGHT_FILES) for name in files)
+    if "config.json" not in files or not has_weights:
+        raise CheckpointError(
+            f"{folder} is not a model folder (it needs config.json and the weights, e.g. "
+            "model.safetensors); pass the folder a run or save_pretrained wrote"
+        )
+    return PushPlan(folder, files)
+
+
+def check_hub_reachable(api: HfApi) -> None:
+    """Fail in seconds, before anything is uploaded, when the Hub cannot be reached or no token
+    is set (otherwise the upload itself would be the first to find out)."""
+    if constants.is_offline_mode():
+        raise ConfigError(
+            "HF_HUB_OFFLINE is set, so the Hub cannot be reached; unset HF_HUB_OFFLINE to push "
+            "(or pass --dry-run to list the files only)"
+        )
+    try:
+        # huggingface_hub's client: its proxy settings, a short timeout instead of none
+        response = get_session().head(api.endpoint, timeout=REACH_TIMEOUT_S)
+        reason = f"it answered HTTP {response.status_code}" if response.status_code >= 400 else ""
+    except Exception as error:  # the HTTP client's errors share no base huggingface_hub exports
+        reason = first_line(error)
+    if reason:
+        raise ConfigError(
+            f"cannot reach the Hub at {api.endpoint} ({reason}); check the network connection "
+            "or the HTTPS_PROXY setting"
+        )
+    try:
+        api.whoami()
+    except LocalTokenNotFoundError:
+        raise ConfigError(
+            "no Hugging Face token found; log in with `hf auth login` or set HF_TOKEN"
+        ) from None
+    except HfHubHTTPError as error:
+        raise ConfigError(f"the Hub refused the token: {first_line(error)}") from None
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def push_to_hub(
+    folder: str | os.PathLike,
+    repo_id: str,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    dry_run: bool = False,
+) -> PushPlan:
+    """Upload the model in `folder` (a model folder, or a run directory with a model/ subfolder)
+    to the Hub repository `repo_id` ("USER/NAME"), creating it (private if asked) and the branch
+    `revision` when missing. With `dry_run`, only work out what would go up. Returns the plan."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise ConfigError(f"--repo-id {repo_id!r} is not a repository id: {error}") from None
+    if "/" not in repo_id:
+        raise ConfigError(f"--repo-id {repo_id!r} needs its owner: USER/NAME or ORG/NAME")
+    plan = plan_upload(folder)
+    if dry_run:
+        return plan
+    api = HfApi()
+    check_hub_reachable(api)
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        if revision is not None:
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+        api.upload_folder(
+            repo_id=repo_id,
+            folder_path=plan.folder,
+            allow_patterns=list(plan.files),
+            revision=revision,
+            commit_message=commit_message or f"Upload {plan.folder.name} with egbert push",
+        )
+    except HfHubHTTPError as error:
+        raise ConfigError(f"the Hub refused the upload to {repo_id}: {first_line(error)}") from None
+    return plan
+
+
+def describe(plan: PushPlan, repo_id: str, dry_run: bool) -> str:
+    verb = "would upload" if dry_run else "uploaded"
+    total = sum(plan.files.values())
+    lines = [
+        f"{verb} {len(plan.files)} files ({total / 1e6:.1f} MB) from {plan.folder} to {repo_id}:"
+    ]
+    lines += [f"  {name}  ({size:,} bytes)" for name, size in plan.files.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="egbert push",
+        description="Upload a model folder (or a run directory's model/ folder) to the Hugging "
+        "Face Hub: weights, config, tokenizer, model card and modeling code, nothing else.",
+    )
+    parser.add_argument("--repo-id", required=True, help="Hub repository, USER/NAME")
+    parser.add_argument("--folder", required=True, help="model folder or run directory")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument("--revision", default=None, help="branch to push to (default: main)")
+    parser.add_argument("--commit-message", default=None, help="commit message on the Hub")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the files that would go up, upload nothing"
+    )
+    args = parser.parse_args(argv)
+    plan = push_to_hub(
+        args.folder,
+        args.repo_id,
+        private=args.private,
+        revision=args.revision,
+        commit_message=args.commit_message,
+        dry_run=args.dry_run,
+    )
+    print(describe(plan, args.repo_id, args.dry_run))

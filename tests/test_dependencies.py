@@ -1,0 +1,82 @@
+"""pyproject.toml's dependencies match the code: every third-party package egbert imports is
+declared, the floors admit no release that lacks an API egbert calls, and transformers, whose
+internals egbert builds on, is capped below its next major version."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def declared_requirements() -> dict[str, Requirement]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    requirements = map(Requirement, project["dependencies"])
+    return {canonicalize_name(requirement.name): requirement for requirement in requirements}
+
+
+def third_party_imports() -> dict[str, list[str]]:
+    """Top-level module imported -> the files under egbert/ that import it (stdlib and egbert
+    itself left out; imports inside functions included)."""
+    importers: dict[str, list[str]] = {}
+    for path in sorted((REPO / "egbert").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top != "egbert" and top not in sys.stdlib_module_names:
+                    importers.setdefault(top, []).append(str(path.relative_to(REPO)))
+    return importers
+
+
+def distribution_of(module: str) -> str:
+    """The installed distribution that provides `module` (sklearn -> scikit-learn, yaml ->
+    PyYAML), as the environment's package metadata records it."""
+    distributions = packages_distributions().get(module, [module])
+    return canonicalize_name(distributions[0])
+
+
+def test_every_imported_package_is_declared() -> None:
+    imports = third_party_imports()
+    assert {"torch", "transformers", "numpy", "yaml", "sklearn"} <= set(imports)  # the scan works
+    declared = declared_requirements()
+    missing = {
+        module: files
+        for module, files in imports.items()
+        if distribution_of(module) not in declared
+    }
+    assert not missing, f"imported but not in pyproject.toml's dependencies: {missing}"
+
+
+def test_transformers_is_capped_below_its_next_major_version() -> None:
+    specifier = declared_requirements()["transformers"].specifier
+    assert specifier.contains("5.99.0") and not specifier.contains("6.0.0")
+
+
+@pytest.mark.parametrize(
+    ("package", "too_old", "why"),
+    [
+        ("datasets", "4.2.0", "pretrain/data.py: Dataset.from_generator(fingerprint=...) (4.3)"),
+        ("accelerate", "1.7.0", "the trainer calls load_state(load_kwargs=...) (1.8)"),
+        ("accelerate", "1.14.0", "skip_first_batches forgets the epoch before 1.15"),
+        ("torch", "2.5.1", "transformers 5 disables torch below 2.6"),
+    ],
+)
+def test_floors_leave_out_releases_the_code_cannot_run_on(
+    package: str, too_old: str, why: str
+) -> None:
+    assert not declared_requirements()[package].specifier.contains(too_old), why
