@@ -208,7 +208,12 @@ def test_family_defaults_sit_under_the_config_file_and_the_command_line(tmp_path
     required = ["--tokenizer", "tok", "--train-files", "a.txt", "--output-dir", "out"]
     bert_args, bert_training = parse_pretrain_args(["--model", "bert", *required])
     elmo_args, elmo_training = parse_pretrain_args(["--model", "elmo", *required])
-    assert bert_training.lr == TrainingArguments.lr and bert_args.config_overrides is None
+    gpt_args, gpt_training = parse_pretrain_args(["--model", "gpt", *required])
+    assert gpt_training.lr == TrainingArguments.lr and gpt_args.config_overrides is None
+    # bert: the recipe comparison's choices, with next-sentence prediction kept
+    assert bert_args.nsp and bert_args.mlm_probability == 0.4 and bert_training.batch_size == 16
+    assert bert_training.lr == FAMILY_DEFAULTS["bert"]["lr"] != TrainingArguments.lr
+    assert "local_attention_init=true" in bert_args.config_overrides
     assert elmo_training.lr == FAMILY_DEFAULTS["elmo"]["lr"] != TrainingArguments.lr
     assert elmo_args.config_overrides == FAMILY_DEFAULTS["elmo"]["config_overrides"]
     assert elmo_args.seq_len == FAMILY_DEFAULTS["elmo"]["seq_len"] != bert_args.seq_len
