@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test lint quickstart bench clean
+.PHONY: setup test lint quickstart bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ quickstart: setup
 
 bench: setup
 	$(BIN)/python scripts/bench.py --model all
+
+# On a machine with one NVIDIA GPU (docs/gpu.md): the suite, quickstart, kill and resume.
+gpu-check: setup
+	PYTHON=$(BIN)/python scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
