@@ -223,6 +223,10 @@ class PretrainArguments:
     validation_files: list[str] = field(
         default_factory=list, metadata={"help": "plain-text files for evaluation"}
     )
+    max_eval_samples: int | None = field(
+        default=None,
+        metadata={"help": "evaluate on the first N examples of the validation files only"},
+    )
     doc_boundary: str = field(
         default="blank",
         metadata={
@@ -286,6 +290,8 @@ class PretrainArguments:
             raise ConfigError(f"--seq-len must be at least 8, got {self.seq_len}")
         if not 0 < self.mlm_probability < 1:
             raise ConfigError(f"--mlm-probability must be in (0, 1), got {self.mlm_probability}")
+        if self.max_eval_samples is not None and self.max_eval_samples < 1:
+            raise ConfigError(f"--max-eval-samples must be >= 1, got {self.max_eval_samples}")
         if self.dupe_factor < 1:
             raise ConfigError(f"--dupe-factor must be >= 1, got {self.dupe_factor}")
         if not 0 <= self.short_seq_prob <= 1:

@@ -76,6 +76,9 @@ PROMPT_SHOTS = (0, 4)
 PROMPT_EVAL_SAMPLES = 200
 # Dev sets on which no model leaves its majority class at this scale: shown apart, not averaged.
 APART = ("wnli",)
+# Pretraining's final evaluation: the first examples of WikiText-2 valid (all of it took elmo
+# 100 s of a 30-minute budget on 2 CPU cores).
+VALIDATION_EXAMPLES = 512
 # WikiText-2 and Project Gutenberg on the Hub, for the model cards' metadata.
 CARD_DATASETS = ["Salesforce/wikitext", "manu/project_gutenberg"]
 
@@ -552,6 +555,7 @@ def pretrain_families(args: QuickstartArguments, budget: Budget, data: Path) -> 
             tokenizer=str(output_dir / "tokenizer"),
             train_files=list(map(str, train_files)),
             validation_files=list(map(str, valid_files)),
+            max_eval_samples=VALIDATION_EXAMPLES,
             doc_boundary="wikitext",
             # Two Gutenberg books are Latin-1; their 7 non-ASCII bytes are not worth a pass.
             encoding_errors="replace",

@@ -286,3 +286,17 @@ def test_sigkill_in_the_second_epoch_then_resume_equals_a_clean_run(
     changed = [*argv[: argv.index("--seq-len") + 1], "48", *argv[argv.index("--seq-len") + 2 :]]
     with pytest.raises(ConfigError, match=r"seq_len: 32 -> 48"):
         main(changed)
+
+
+def test_max_eval_samples_keeps_the_first_validation_examples():
+    from datasets import Dataset
+
+    from egbert.pretrain.run import first_examples
+
+    examples = Dataset.from_dict({"input_ids": [[i] for i in range(10)]})
+    assert first_examples(examples, 3)["input_ids"] == [[0], [1], [2]]
+    assert len(first_examples(examples, 30)) == 10
+    streamed = first_examples(examples.to_iterable_dataset(), 3)
+    assert [example["input_ids"] for example in streamed] == [[0], [1], [2]]
+    with pytest.raises(ConfigError, match="--max-eval-samples must be >= 1"):
+        PretrainArguments(model="gpt", tokenizer="t", train_files=["a"], max_eval_samples=0)

@@ -142,6 +142,8 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
         eval_set, eval_collator = build_examples(
             args, tokenizer, args.validation_files, training_args.seed
         )
+        if args.max_eval_samples is not None:
+            eval_set = first_examples(eval_set, args.max_eval_samples)
     batch_metrics, finalize_metrics = EVAL_METRICS["rtd" if args.objective == "rtd" else args.model]
     trainer = Trainer(
         model,
@@ -287,6 +289,12 @@ def build_examples(
         seed=seed,
     )
     return examples, collator
+
+
+def first_examples(examples: Dataset | IterableDataset, count: int) -> Dataset | IterableDataset:
+    if isinstance(examples, IterableDataset):
+        return examples.take(count)
+    return examples.select(range(min(count, len(examples))))
 
 
 def _check_special_tokens(args: PretrainArguments, tokenizer) -> None:
