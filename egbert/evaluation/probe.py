@@ -62,6 +62,7 @@ from egbert.evaluation.results import (
     evaluate_tasks,
     format_metrics,
     glue_average,
+    inference_precision,
     majority_score,
     present_eval_splits,
     sample_indices,
@@ -276,6 +277,7 @@ def run_probe(
     seed: int = 0,
     output_dir: str | os.PathLike | None = None,
     device: str | None = None,
+    bf16: bool | None = None,
     allow_pickle: bool = False,
 ) -> dict[str, Any]:
     """Probe a frozen model on GLUE tasks; returns (and with output_dir writes) the results.
@@ -289,6 +291,7 @@ def run_probe(
         max_train_samples: fit on at most this many training examples (a seeded random draw);
             None: all of them. The dev splits are always scored in full.
         output_dir: where probe_results.json goes (nothing is written when None).
+        bf16: autocast the model to bf16; None: where the device runs it faster than fp32.
 
     Returns:
         {"model", "options", "tasks": {name: {"metrics": {split: {metric: value}}, "score",
@@ -308,14 +311,24 @@ def run_probe(
         "seed": seed,
         "classifier": "logistic regression (C by held-out GLUE score) / ridge (alpha by LOO)",
     }
-    results = evaluate_tasks(
-        model_dir,
-        options,
-        task_list,
-        lambda task: probe_task(
-            task, model, tokenizer, data_dir, features, pool, max_train_samples, batch_size, seed
-        ),
-    )
+    with inference_precision(model, bf16) as bf16_used:
+        options["bf16"] = bf16_used
+        results = evaluate_tasks(
+            model_dir,
+            options,
+            task_list,
+            lambda task: probe_task(
+                task,
+                model,
+                tokenizer,
+                data_dir,
+                features,
+                pool,
+                max_train_samples,
+                batch_size,
+                seed,
+            ),
+        )
     scores = {name: result["score"] for name, result in results["tasks"].items()}
     results["glue_average"] = glue_average(scores)
     if output_dir is not None:

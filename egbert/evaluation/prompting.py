@@ -57,6 +57,7 @@ from egbert.evaluation.results import (
     check_positive,
     evaluate_tasks,
     format_metrics,
+    inference_precision,
     majority_score,
     present_eval_splits,
     sample_indices,
@@ -425,6 +426,7 @@ def run_prompt_eval(
     seed: int = 0,
     output_dir: str | os.PathLike | None = None,
     device: str | None = None,
+    bf16: bool | None = None,
     allow_pickle: bool = False,
 ) -> dict[str, Any]:
     """k-shot prompting of a gpt model on GLUE tasks; returns (and with output_dir writes) the
@@ -440,6 +442,7 @@ def run_prompt_eval(
         max_eval_samples: score a seeded random sample of this many dev examples (None: all).
         batch_size: sequences (example x label) per forward.
         output_dir: where prompt_eval_results.json goes (nothing is written when None).
+        bf16: autocast the model to bf16; None: where the device runs it faster than fp32.
 
     Returns:
         {"model", "options", "tasks": {name: {"n_eval", "demonstrations_from", "majority_score",
@@ -458,14 +461,24 @@ def run_prompt_eval(
         "seed": seed,
         "demonstrations": "balanced over the labels, one seeded draw per k for every example",
     }
-    results = evaluate_tasks(
-        model_dir,
-        options,
-        task_list,
-        lambda task: prompt_task(
-            task, model, tokenizer, data_dir, shots, calibrate, max_eval_samples, batch_size, seed
-        ),
-    )
+    with inference_precision(model, bf16) as bf16_used:
+        options["bf16"] = bf16_used
+        results = evaluate_tasks(
+            model_dir,
+            options,
+            task_list,
+            lambda task: prompt_task(
+                task,
+                model,
+                tokenizer,
+                data_dir,
+                shots,
+                calibrate,
+                max_eval_samples,
+                batch_size,
+                seed,
+            ),
+        )
     if output_dir is not None:
         write_results(results, output_dir, RESULTS_FILE)
     return results

@@ -10,16 +10,19 @@ import argparse
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from egbert.checkpoints import ALLOW_PICKLE_HELP
 from egbert.errors import ConfigError, DataError
 from egbert.finetune.metrics import compute_task_metrics, glue_score, task_score
 from egbert.finetune.tasks import SCORED_TASKS, Task, split_file
+from egbert.runtime import bf16_pays_off
 
 
 def check_data_dir(data_dir: str | os.PathLike) -> Path:
@@ -106,13 +109,29 @@ def add_model_and_task_arguments(parser: argparse.ArgumentParser, task_help: str
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, results_file: str) -> None:
-    """--seed, --output-dir, --device and --allow-pickle."""
+    """--seed, --output-dir, --device, --bf16 and --allow-pickle."""
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     parser.add_argument(
         "--output-dir", type=Path, help=f"write {results_file} here (default: print only)"
     )
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bf16 autocast (default: where the device runs it faster than fp32)",
+    )
     parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
+
+
+@contextmanager
+def inference_precision(model: torch.nn.Module, bf16: bool | None) -> Iterator[bool]:
+    """bf16 autocast on the model's device if `bf16`, or (None) where the device runs bf16
+    faster than fp32; yields whether it is on."""
+    device = next(model.parameters()).device.type
+    enabled = bf16_pays_off(device) if bf16 is None else bf16
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=enabled):
+        yield enabled
 
 
 def evaluate_tasks(
