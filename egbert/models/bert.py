@@ -29,6 +29,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling, MaskedLMOu
 from transformers.utils import ModelOutput
 
 from egbert.errors import ConfigError
+from egbert.models.kernels import chunked_lm_loss_applies, linear_cross_entropy, sample_tokens
 from egbert.models.layers import (
     ACTIVATIONS,
     Embeddings,
@@ -37,7 +38,6 @@ from egbert.models.layers import (
     check_transformer_config,
     init_local_attention,
     init_transformer_weights,
-    linear_cross_entropy,
     self_attention_mask,
 )
 
@@ -60,8 +60,11 @@ class EgbertBertConfig(PretrainedConfig):
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int | None = 0
-    # MLM logits only where labels != -100; when training, the loss without any logits
-    sparse_mlm_logits: bool = False
+    sparse_mlm_logits: bool = False  # MLM logits only where labels != -100
+    # With sparse_mlm_logits, a training forward (model.train(), gradients on) with labels computes
+    # its MLM loss chunk by chunk without the logits and returns none (kernels.py); False
+    # computes them and F.cross_entropy.
+    chunked_lm_loss: bool = True
     local_attention_init: bool = False  # start each head on a fixed neighbour (layers.py)
     label_smoothing: float = 0.0
     tie_word_embeddings: bool = True
@@ -204,15 +207,15 @@ def masked_lm_logits_and_loss(
 
     With config.sparse_mlm_logits and labels, only the labelled positions go through the head
     (about 15% of them in BERT pretraining), so the logits are (labelled positions, vocab). When
-    training, the decoder and the loss go through linear_cross_entropy instead, which never holds
-    the logits (no logits are returned then).
+    training (kernels.chunked_lm_loss_applies), the decoder and the loss go through
+    linear_cross_entropy instead, which never holds the logits (no logits are returned then).
     """
     if labels is None:
         return head(sequence_output), None
     if config.sparse_mlm_logits:
         selected = labels != -100
         sequence_output, labels = sequence_output[selected], labels[selected]
-        if head.training and torch.is_grad_enabled():
+        if chunked_lm_loss_applies(config, head.training):
             decoder = head.decoder
             loss = linear_cross_entropy(
                 head.transform(sequence_output),
@@ -367,16 +370,6 @@ def generator_config(config: EgbertBertConfig) -> EgbertBertConfig:
             "intermediate_size": max(1, round(config.intermediate_size * scale)),
         }
     )
-
-
-def sample_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """One token id per row of (rows, vocab) logits, drawn from their softmax by inverting its
-    cumulative sum at a uniform draw: one random number a row, where torch.multinomial draws one
-    per vocabulary entry (on a CPU a third of a mini RTD step). The samples are the encoder's
-    data, not a path for gradients, as in ELECTRA."""
-    cumulative = logits.softmax(dim=-1).cumsum(dim=-1)  # (rows, vocab)
-    draws = torch.rand(logits.shape[0], 1, device=logits.device) * cumulative[:, -1:]
-    return torch.searchsorted(cumulative, draws).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
 
 
 class ReplacedTokenHead(nn.Module):

@@ -24,7 +24,7 @@ from transformers import (
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
-from egbert.models.layers import Dropout, linear_cross_entropy
+from egbert.models.kernels import Dropout, chunked_lm_loss_applies, linear_cross_entropy
 
 
 class EgbertElmoConfig(PretrainedConfig):
@@ -44,8 +44,9 @@ class EgbertElmoConfig(PretrainedConfig):
     label_smoothing: float = 0.0
     tie_word_embeddings: bool = True
     # A training forward (model.train(), gradients on) with labels computes its loss chunk by chunk
-    # without the (tokens, vocab) logits and returns None for them; True computes them as well.
-    logits_in_training: bool = False
+    # without the (tokens, vocab) logits and returns None for them (kernels.py); False computes
+    # the logits and F.cross_entropy.
+    chunked_lm_loss: bool = True
 
 
 @dataclass
@@ -202,7 +203,7 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
     ) -> EgbertElmoBidirectionalLMOutput | tuple:
         """`labels` are the input ids themselves (-100 to ignore a position); the model shifts
         them each way. Padding (attention_mask 0) is never a target. A training forward with
-        labels returns no logits unless config.logits_in_training."""
+        labels returns no logits unless config.chunked_lm_loss is off."""
         if return_dict is None:
             return_dict = self.config.return_dict
         outputs = self.elmo(
@@ -220,7 +221,7 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
         forward_logits = backward_logits = loss = forward_loss = backward_loss = None
         if labels is not None:
             next_tokens, previous_tokens = bidirectional_targets(labels, attention_mask)
-        if labels is not None and self._skips_logits():
+        if labels is not None and chunked_lm_loss_applies(self.config, self.training):
             forward_loss = self._chunked_token_loss(forward_states, next_tokens)
             backward_loss = self._chunked_token_loss(backward_states, previous_tokens)
         else:
@@ -241,12 +242,6 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
             hidden_states=outputs.hidden_states,
         )
         return output if return_dict else output.to_tuple()
-
-    def _skips_logits(self) -> bool:
-        """Whether a forward with labels leaves out the logits (see config.logits_in_training):
-        only when training, where a backward will use the gradients linear_cross_entropy computes
-        on the way."""
-        return self.training and torch.is_grad_enabled() and not self.config.logits_in_training
 
     def _token_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(

@@ -45,7 +45,7 @@ from egbert.errors import ConfigError
 from egbert.models.bert import EgbertBertConfig, EgbertBertModel
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoModel
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTModel
-from egbert.models.layers import Dropout
+from egbert.models.kernels import Dropout
 
 HEAD_DEFAULTS: dict[str, Any] = {
     "classifier_features": "cls",
