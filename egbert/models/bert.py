@@ -12,34 +12,33 @@ original one.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForMaskedLM,
-    AutoModelForPreTraining,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPooling, MaskedLMOutput
 from transformers.utils import ModelOutput
 
-from egbert.errors import ConfigError
-from egbert.models.kernels import chunked_lm_loss_applies, linear_cross_entropy, sample_tokens
-from egbert.models.layers import (
+from .kernels import chunked_lm_loss_applies, linear_cross_entropy, sample_tokens
+from .layers import (
     ACTIVATIONS,
     Embeddings,
     TransformerBlock,
+    auto_map,
     check_sequence_length,
     check_transformer_config,
     init_local_attention,
     init_transformer_weights,
     self_attention_mask,
 )
+
+try:
+    from egbert.errors import ConfigError
+except ImportError:  # a saved model folder's copy of this file, used where egbert is not installed
+    ConfigError = ValueError
 
 
 class EgbertBertConfig(PretrainedConfig):
@@ -95,6 +94,11 @@ class EgbertBertPreTrainedModel(PreTrainedModel):
         if self.config.local_attention_init:
             head_dim = self.config.hidden_size // self.config.num_attention_heads
             init_local_attention(module, head_dim, self.config.initializer_range)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """transformers' save_pretrained, with config.json's auto_map (layers.auto_map)."""
+        self.config.auto_map = auto_map(self, AUTO_CLASSES)
+        super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class EgbertBertModel(EgbertBertPreTrainedModel):
@@ -252,6 +256,7 @@ class EgbertBertForPreTraining(EgbertBertPreTrainedModel):
     """BERT pretraining: masked LM over the tokens plus next-sentence prediction over [CLS]."""
 
     _tied_weights_keys = {"mlm_head.decoder.weight": "bert.embeddings.word_embeddings.weight"}
+    also_loads_as = ("AutoModelForMaskedLM",)  # its folder holds a whole masked LM: fill-mask
 
     def __init__(self, config: EgbertBertConfig):
         super().__init__(config)
@@ -492,7 +497,11 @@ def _default(value: bool | None, config_value: bool | None) -> bool:
     return bool(config_value) if value is None else value
 
 
-AutoConfig.register(EgbertBertConfig.model_type, EgbertBertConfig, exist_ok=True)
-AutoModel.register(EgbertBertConfig, EgbertBertModel, exist_ok=True)
-AutoModelForPreTraining.register(EgbertBertConfig, EgbertBertForPreTraining, exist_ok=True)
-AutoModelForMaskedLM.register(EgbertBertConfig, EgbertBertForMaskedLM, exist_ok=True)
+# The Auto classes bert's classes load through: egbert/models/__init__.py registers them, and a
+# saved folder's config.json names those it loads as (layers.auto_map)
+AUTO_CLASSES = {
+    "AutoConfig": EgbertBertConfig,
+    "AutoModel": EgbertBertModel,
+    "AutoModelForPreTraining": EgbertBertForPreTraining,
+    "AutoModelForMaskedLM": EgbertBertForMaskedLM,
+}

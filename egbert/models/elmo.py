@@ -9,22 +9,18 @@ embedding duplicated, so that downstream heads can mix layers as ELMo does.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForPreTraining,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
-from egbert.models.kernels import Dropout, chunked_lm_loss_applies, linear_cross_entropy
+from .kernels import Dropout, chunked_lm_loss_applies, linear_cross_entropy
+from .layers import auto_map
 
 
 class EgbertElmoConfig(PretrainedConfig):
@@ -130,6 +126,11 @@ class EgbertElmoPreTrainedModel(PreTrainedModel):
             for name, bias in module.named_parameters():
                 if name.startswith("bias_ih") and not getattr(bias, "_is_hf_initialized", False):
                     bias[module.hidden_size : 2 * module.hidden_size].fill_(1.0)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """transformers' save_pretrained, with config.json's auto_map (layers.auto_map)."""
+        self.config.auto_map = auto_map(self, AUTO_CLASSES)
+        super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class EgbertElmoModel(EgbertElmoPreTrainedModel):
@@ -279,6 +280,10 @@ def bidirectional_targets(
     return F.pad(next_tokens, (0, 1), value=-100), F.pad(previous_tokens, (1, 0), value=-100)
 
 
-AutoConfig.register(EgbertElmoConfig.model_type, EgbertElmoConfig, exist_ok=True)
-AutoModel.register(EgbertElmoConfig, EgbertElmoModel, exist_ok=True)
-AutoModelForPreTraining.register(EgbertElmoConfig, EgbertElmoForBidirectionalLM, exist_ok=True)
+# The Auto classes elmo's classes load through: egbert/models/__init__.py registers them, and a
+# saved folder's config.json names those it loads as (layers.auto_map)
+AUTO_CLASSES = {
+    "AutoConfig": EgbertElmoConfig,
+    "AutoModel": EgbertElmoModel,
+    "AutoModelForPreTraining": EgbertElmoForBidirectionalLM,
+}

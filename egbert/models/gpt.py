@@ -8,27 +8,22 @@ GenerationMixin supplies generate() (greedy, sampling, top-k, top-p), fed by a K
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    GenerationMixin,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
 
-from egbert.models.kernels import chunked_lm_loss_applies, linear_cross_entropy
-from egbert.models.layers import (
+from .kernels import chunked_lm_loss_applies, linear_cross_entropy
+from .layers import (
     Embeddings,
     TransformerBlock,
+    auto_map,
     check_sequence_length,
     check_transformer_config,
     init_transformer_weights,
@@ -81,6 +76,11 @@ class EgbertGPTPreTrainedModel(PreTrainedModel):
             # so the variance of the stream does not grow with depth
             std = self.config.initializer_range / math.sqrt(2 * self.config.num_hidden_layers)
             init.normal_(module.weight, mean=0.0, std=std)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """transformers' save_pretrained, with config.json's auto_map (layers.auto_map)."""
+        self.config.auto_map = auto_map(self, AUTO_CLASSES)
+        super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class EgbertGPTModel(EgbertGPTPreTrainedModel):
@@ -255,6 +255,10 @@ def _default(value: bool | None, config_value: bool | None) -> bool:
     return bool(config_value) if value is None else value
 
 
-AutoConfig.register(EgbertGPTConfig.model_type, EgbertGPTConfig, exist_ok=True)
-AutoModel.register(EgbertGPTConfig, EgbertGPTModel, exist_ok=True)
-AutoModelForCausalLM.register(EgbertGPTConfig, EgbertGPTForCausalLM, exist_ok=True)
+# The Auto classes gpt's classes load through: egbert/models/__init__.py registers them, and a
+# saved folder's config.json names those it loads as (layers.auto_map)
+AUTO_CLASSES = {
+    "AutoConfig": EgbertGPTConfig,
+    "AutoModel": EgbertGPTModel,
+    "AutoModelForCausalLM": EgbertGPTForCausalLM,
+}

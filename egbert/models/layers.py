@@ -14,12 +14,17 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from egbert.errors import ConfigError, DataError
-from egbert.models.kernels import Dropout, explicit_attention, prefers_written_out_attention
+from .kernels import Dropout, explicit_attention, prefers_written_out_attention
+
+try:
+    from egbert.errors import ConfigError, DataError
+except ImportError:  # a saved model folder's copy of this file, used where egbert is not installed
+    ConfigError = DataError = ValueError
 
 # config.hidden_act -> activation; "gelu_new" is GPT-2's name for the tanh approximation
 ACTIVATIONS = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh")}
@@ -362,3 +367,19 @@ def init_local_attention(module: nn.Module, head_dim: int, std: float) -> None:
             key_rows = slice(hidden + head * head_dim, hidden + (head + 1) * head_dim)
             weight[key_rows] = position_shift(frequencies, -offset) @ read_positions
         init.copy_(module.weight, weight.to(module.weight.dtype))
+
+
+def auto_map(model: PreTrainedModel, auto_classes: dict[str, type]) -> dict[str, str]:
+    """config.json's auto_map for a folder `model` is saved in: of its family's `auto_classes`
+    (Auto class name -> egbert class), the config, the base model, the classes `model` is an
+    instance of and those it names in `also_loads_as`, each as "file.Class", where transformers
+    finds the class (in the folder's copy of the file that defines it) when it loads the folder in
+    a Python without egbert. isinstance, not type(model): under FSDP2 a model's class is one torch
+    derives at run time."""
+    return {
+        name: f"{cls.__module__.rpartition('.')[2]}.{cls.__name__}"
+        for name, cls in auto_classes.items()
+        if name in ("AutoConfig", "AutoModel")
+        or isinstance(model, cls)
+        or name in getattr(model, "also_loads_as", ())
+    }
