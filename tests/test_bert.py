@@ -25,7 +25,6 @@ from egbert.models.bert import (
     EgbertBertForReplacedTokenDetection,
     EgbertBertModel,
     generator_config,
-    sample_tokens,
 )
 from egbert.models.heads import EgbertBertForSequenceClassification
 from egbert.models.layers import local_attention_offsets
@@ -134,28 +133,6 @@ def test_hidden_states_and_attentions_follow_the_transformers_convention() -> No
     assert isinstance(model(**batch, return_dict=False), tuple)
 
 
-@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
-def test_sparse_mlm_logits_give_the_dense_loss_and_gradients(label_smoothing: float) -> None:
-    batch = random_batch()
-    labels = mlm_labels(batch["input_ids"])
-    losses, gradients = [], []
-    for sparse in (False, True):
-        torch.manual_seed(0)
-        config = tiny_config(sparse_mlm_logits=sparse, label_smoothing=label_smoothing)
-        model = EgbertBertForMaskedLM(config)
-        output = model(**batch, labels=labels)
-        output.loss.backward()
-        losses.append(output.loss)
-        gradients.append(model.mlm_head.dense.weight.grad)
-        if sparse:
-            assert output.logits is None  # training: the loss straight from the head's input
-            with torch.no_grad():
-                logits = model(**batch, labels=labels).logits
-            assert logits.shape == (int((labels != -100).sum()), 100)
-    torch.testing.assert_close(losses[1], losses[0], atol=1e-6, rtol=0)
-    torch.testing.assert_close(gradients[1], gradients[0], atol=1e-6, rtol=0)
-
-
 def test_mlm_loss_uses_label_smoothing_and_ignores_unlabelled_positions() -> None:
     torch.manual_seed(0)
     model = EgbertBertForMaskedLM(tiny_config(label_smoothing=0.1)).eval()
@@ -241,16 +218,6 @@ def test_replaced_token_detection_checkpoint_fine_tunes_its_encoder(tmp_path: Pa
         assert torch.equal(saved, encoder[name]), name
     no_labels = reloaded(**random_batch())
     assert no_labels.loss is None and no_labels.logits.shape == (3, 12)
-
-
-def test_sampled_tokens_follow_the_softmax_of_the_logits() -> None:
-    torch.manual_seed(0)
-    probabilities = torch.tensor([[0.7, 0.2, 0.1, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
-    logits = probabilities.log().repeat_interleave(20000, dim=0)  # 0 -> -inf: never drawn
-    samples = sample_tokens(logits).reshape(2, 20000)
-    for row, expected in enumerate(probabilities):
-        frequencies = torch.bincount(samples[row], minlength=5) / 20000
-        torch.testing.assert_close(frequencies, expected, atol=0.01, rtol=0)
 
 
 @pytest.mark.parametrize(

@@ -239,25 +239,3 @@ def test_presets_build_a_model(preset, hidden_size, cell_size):
     lstm = 4 * cell_size * (2 * hidden_size) + 2 * 4 * cell_size + cell_size * hidden_size
     expected = VOCAB * hidden_size + 2 * 2 * lstm + VOCAB
     assert model.num_parameters() == expected
-
-
-def test_training_loss_without_logits_equals_the_dense_loss_and_gradients():
-    model = tiny_lm(hidden_dropout_prob=0.0, label_smoothing=0.1).train()
-    input_ids, attention_mask = right_padded([torch.randint(1, VOCAB, (n,)) for n in (7, 4, 6)])
-    labels = input_ids.clone()
-    labels[0, 2] = -100
-
-    def loss_and_gradients():
-        model.zero_grad()
-        out = model(input_ids, attention_mask=attention_mask, labels=labels)
-        out.loss.backward()
-        return out, {name: p.grad.clone() for name, p in model.named_parameters()}
-
-    chunked, chunked_grads = loss_and_gradients()
-    model.config.logits_in_training = True
-    dense, dense_grads = loss_and_gradients()
-    assert chunked.forward_logits is None and dense.forward_logits is not None
-    for name in ("loss", "forward_loss", "backward_loss"):
-        torch.testing.assert_close(getattr(chunked, name), getattr(dense, name))
-    for name, gradient in dense_grads.items():
-        torch.testing.assert_close(chunked_grads[name], gradient, atol=1e-5, rtol=1e-5, msg=name)

@@ -13,14 +13,6 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 
 from egbert.errors import ConfigError
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM, EgbertGPTModel
-from egbert.models.layers import (
-    Dropout,
-    SelfAttention,
-    default_chunk_rows,
-    linear_cross_entropy,
-    self_attention_mask,
-    written_out_is_faster,
-)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "egbert" / "configs"
 
@@ -101,43 +93,6 @@ def test_attention_is_causal() -> None:
     torch.testing.assert_close(
         model(ids, output_attentions=True).logits, model(ids).logits, atol=1e-5, rtol=0
     )
-
-
-# bf16 on a CPU goes through explicit_attention, float32 through SDPA: the two must agree
-@pytest.mark.parametrize("is_causal", [True, False])
-def test_bf16_attention_on_a_cpu_is_written_out_and_matches_sdpa(is_causal: bool) -> None:
-    torch.manual_seed(0)
-    attention = SelfAttention(16, 2, is_causal=is_causal).train()
-    hidden = torch.randn(2, 6, 16)
-    padding = torch.ones(2, 6, dtype=torch.long)
-    padding[1, 4:] = 0
-    mask = self_attention_mask(padding, 6, 0, is_causal, torch.device("cpu"))
-    sdpa, _ = attention(hidden, mask)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        written_out, _ = attention(hidden, mask)
-    torch.testing.assert_close(written_out.float(), sdpa, atol=3e-2, rtol=0)
-    keys = torch.zeros(1, 1, 512, 8, dtype=torch.bfloat16)
-    assert written_out_is_faster(keys, keys)
-    assert not written_out_is_faster(keys.float(), keys.float())
-    longer = torch.zeros(1, 1, 513, 8, dtype=torch.bfloat16)
-    assert not written_out_is_faster(longer, longer)
-
-
-@pytest.mark.parametrize("p", [0.1, 0.5])
-def test_cpu_dropout_drops_at_rate_p_and_scales_what_it_keeps(p: float) -> None:
-    torch.manual_seed(0)
-    hidden = torch.ones(64, 4097, requires_grad=True)  # an odd size: the bits come 4 per draw
-    out = Dropout(p).train()(hidden)
-    kept = out != 0
-    for lane in range(4):  # each 16-bit quarter of a 64-bit draw is uniform, the sign bit too
-        rate = 1 - kept.flatten()[lane::4].float().mean().item()
-        assert abs(rate - p) < 0.01, (lane, rate)
-    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / (1 - p)))
-    out.sum().backward()
-    torch.testing.assert_close(hidden.grad, kept.float() / (1 - p))
-    torch.manual_seed(0)
-    torch.testing.assert_close(Dropout(p).train()(hidden), out)  # seeded by torch's generator
-    assert torch.equal(Dropout(p).eval()(hidden), hidden)
 
 
 def test_hidden_states_follow_the_gpt2_convention() -> None:
@@ -254,81 +209,3 @@ def test_text_generation_pipeline_runs_on_a_saved_model(tiny_gpt2_dir: Path, tmp
     generator = pipeline("text-generation", model=str(tmp_path))
     result = generator("Hello world", max_new_tokens=5, do_sample=False)
     assert result[0]["generated_text"].startswith("Hello world")
-
-
-def loss_and_gradients(model, ids, labels, **forward) -> tuple[torch.Tensor, dict]:
-    model.zero_grad()
-    output = model(ids, labels=labels, **forward)
-    output.loss.backward()
-    gradients = {name: p.grad.clone() for name, p in model.named_parameters()}
-    return output, gradients
-
-
-@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
-def test_training_loss_without_logits_equals_the_dense_loss_and_gradients(label_smoothing) -> None:
-    model = tiny_model(label_smoothing=label_smoothing).train()  # dropout 0: deterministic
-    ids = random_ids(batch=3, length=12)
-    labels = ids.clone()
-    labels[0, 4:7] = -100
-    labels[2, -2:] = -100
-    chunked, chunked_grads = loss_and_gradients(model, ids, labels)
-    model.config.logits_in_training = True
-    dense, dense_grads = loss_and_gradients(model, ids, labels)
-    assert chunked.logits is None and dense.logits is not None
-    torch.testing.assert_close(chunked.loss, dense.loss, atol=1e-5, rtol=0)
-    for name, gradient in dense_grads.items():
-        torch.testing.assert_close(chunked_grads[name], gradient, atol=1e-5, rtol=1e-5, msg=name)
-
-
-def test_training_loss_without_logits_follows_bf16_autocast() -> None:
-    model = tiny_model().train()
-    ids = random_ids(batch=3, length=12)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        chunked, chunked_grads = loss_and_gradients(model, ids, ids)
-        model.config.logits_in_training = True
-        dense, dense_grads = loss_and_gradients(model, ids, ids)
-    torch.testing.assert_close(chunked.loss, dense.loss, atol=1e-3, rtol=0)
-    for name, gradient in dense_grads.items():
-        torch.testing.assert_close(chunked_grads[name], gradient, atol=2e-3, rtol=2e-2, msg=name)
-
-
-def test_eval_and_no_grad_forwards_keep_their_logits() -> None:
-    model = tiny_model()
-    ids = random_ids()
-    assert model(ids, labels=ids).logits is not None  # eval mode
-    with torch.no_grad():
-        assert model.train()(ids, labels=ids).logits is not None
-
-
-# a vocabulary of 30 is padded to 32 inside (its logits rows aligned to 8), one of 32 is not
-@pytest.mark.parametrize(("chunk_rows", "vocab"), [(1, 30), (4, 30), (64, 30), (4, 32)])
-def test_linear_cross_entropy_matches_linear_then_cross_entropy(
-    chunk_rows: int, vocab: int
-) -> None:
-    generator = torch.Generator().manual_seed(0)
-    hidden = torch.randn(2, 9, 8, generator=generator, requires_grad=True)
-    weight = torch.randn(vocab, 8, generator=generator, requires_grad=True)
-    bias = torch.randn(vocab, generator=generator, requires_grad=True)
-    targets = torch.randint(0, vocab, (2, 9), generator=generator)
-    targets[1, :3] = -100
-    chunked = linear_cross_entropy(hidden, weight, targets, bias, 0.2, chunk_rows=chunk_rows)
-    dense = F.cross_entropy(
-        F.linear(hidden, weight, bias).flatten(0, 1), targets.flatten(), label_smoothing=0.2
-    )
-    (2 * chunked).backward()
-    chunked_grads = [tensor.grad.clone() for tensor in (hidden, weight, bias)]
-    for tensor in (hidden, weight, bias):
-        tensor.grad = None
-    (2 * dense).backward()
-    torch.testing.assert_close(chunked, dense)
-    for chunked_grad, tensor in zip(chunked_grads, (hidden, weight, bias), strict=True):
-        torch.testing.assert_close(chunked_grad, tensor.grad)
-    assert torch.isnan(linear_cross_entropy(hidden, weight, torch.full((2, 9), -100)))
-
-
-def test_linear_cross_entropy_chunks_are_cache_sized_on_cpu_and_memory_bounded_on_gpu() -> None:
-    assert default_chunk_rows(torch.device("cpu"), 30522) == 512
-    gpu_rows = default_chunk_rows(torch.device("cuda"), 30522)
-    assert gpu_rows > 4096  # a mini gpt's whole 32 x 128 batch in one chunk: few launches
-    assert gpu_rows * 30522 <= 2**27  # but never more than 512 MiB of float32 logits
-    assert default_chunk_rows(torch.device("cuda"), 10**6) == 256

@@ -12,34 +12,33 @@ original one.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForMaskedLM,
-    AutoModelForPreTraining,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPooling, MaskedLMOutput
 from transformers.utils import ModelOutput
 
-from egbert.errors import ConfigError
-from egbert.models.layers import (
+from .kernels import chunked_lm_loss_applies, linear_cross_entropy, sample_tokens
+from .layers import (
     ACTIVATIONS,
     Embeddings,
     TransformerBlock,
+    auto_map,
     check_sequence_length,
     check_transformer_config,
     init_local_attention,
     init_transformer_weights,
-    linear_cross_entropy,
     self_attention_mask,
 )
+
+try:
+    from egbert.errors import ConfigError
+except ImportError:  # a saved model folder's copy of this file, used where egbert is not installed
+    ConfigError = ValueError
 
 
 class EgbertBertConfig(PretrainedConfig):
@@ -60,8 +59,11 @@ class EgbertBertConfig(PretrainedConfig):
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int | None = 0
-    # MLM logits only where labels != -100; when training, the loss without any logits
-    sparse_mlm_logits: bool = False
+    sparse_mlm_logits: bool = False  # MLM logits only where labels != -100
+    # With sparse_mlm_logits, a training forward (model.train(), gradients on) with labels computes
+    # its MLM loss chunk by chunk without the logits and returns none (kernels.py); False
+    # computes them and F.cross_entropy.
+    chunked_lm_loss: bool = True
     local_attention_init: bool = False  # start each head on a fixed neighbour (layers.py)
     label_smoothing: float = 0.0
     tie_word_embeddings: bool = True
@@ -92,6 +94,11 @@ class EgbertBertPreTrainedModel(PreTrainedModel):
         if self.config.local_attention_init:
             head_dim = self.config.hidden_size // self.config.num_attention_heads
             init_local_attention(module, head_dim, self.config.initializer_range)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """transformers' save_pretrained, with config.json's auto_map (layers.auto_map)."""
+        self.config.auto_map = auto_map(self, AUTO_CLASSES)
+        super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class EgbertBertModel(EgbertBertPreTrainedModel):
@@ -204,15 +211,15 @@ def masked_lm_logits_and_loss(
 
     With config.sparse_mlm_logits and labels, only the labelled positions go through the head
     (about 15% of them in BERT pretraining), so the logits are (labelled positions, vocab). When
-    training, the decoder and the loss go through linear_cross_entropy instead, which never holds
-    the logits (no logits are returned then).
+    training (kernels.chunked_lm_loss_applies), the decoder and the loss go through
+    linear_cross_entropy instead, which never holds the logits (no logits are returned then).
     """
     if labels is None:
         return head(sequence_output), None
     if config.sparse_mlm_logits:
         selected = labels != -100
         sequence_output, labels = sequence_output[selected], labels[selected]
-        if head.training and torch.is_grad_enabled():
+        if chunked_lm_loss_applies(config, head.training):
             decoder = head.decoder
             loss = linear_cross_entropy(
                 head.transform(sequence_output),
@@ -249,6 +256,7 @@ class EgbertBertForPreTraining(EgbertBertPreTrainedModel):
     """BERT pretraining: masked LM over the tokens plus next-sentence prediction over [CLS]."""
 
     _tied_weights_keys = {"mlm_head.decoder.weight": "bert.embeddings.word_embeddings.weight"}
+    also_loads_as = ("AutoModelForMaskedLM",)  # its folder holds a whole masked LM: fill-mask
 
     def __init__(self, config: EgbertBertConfig):
         super().__init__(config)
@@ -367,16 +375,6 @@ def generator_config(config: EgbertBertConfig) -> EgbertBertConfig:
             "intermediate_size": max(1, round(config.intermediate_size * scale)),
         }
     )
-
-
-def sample_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """One token id per row of (rows, vocab) logits, drawn from their softmax by inverting its
-    cumulative sum at a uniform draw: one random number a row, where torch.multinomial draws one
-    per vocabulary entry (on a CPU a third of a mini RTD step). The samples are the encoder's
-    data, not a path for gradients, as in ELECTRA."""
-    cumulative = logits.softmax(dim=-1).cumsum(dim=-1)  # (rows, vocab)
-    draws = torch.rand(logits.shape[0], 1, device=logits.device) * cumulative[:, -1:]
-    return torch.searchsorted(cumulative, draws).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
 
 
 class ReplacedTokenHead(nn.Module):
@@ -499,7 +497,11 @@ def _default(value: bool | None, config_value: bool | None) -> bool:
     return bool(config_value) if value is None else value
 
 
-AutoConfig.register(EgbertBertConfig.model_type, EgbertBertConfig, exist_ok=True)
-AutoModel.register(EgbertBertConfig, EgbertBertModel, exist_ok=True)
-AutoModelForPreTraining.register(EgbertBertConfig, EgbertBertForPreTraining, exist_ok=True)
-AutoModelForMaskedLM.register(EgbertBertConfig, EgbertBertForMaskedLM, exist_ok=True)
+# The Auto classes bert's classes load through: egbert/models/__init__.py registers them, and a
+# saved folder's config.json names those it loads as (layers.auto_map)
+AUTO_CLASSES = {
+    "AutoConfig": EgbertBertConfig,
+    "AutoModel": EgbertBertModel,
+    "AutoModelForPreTraining": EgbertBertForPreTraining,
+    "AutoModelForMaskedLM": EgbertBertForMaskedLM,
+}

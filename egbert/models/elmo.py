@@ -9,22 +9,18 @@ embedding duplicated, so that downstream heads can mix layers as ELMo does.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForPreTraining,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
-from egbert.models.layers import Dropout, linear_cross_entropy
+from .kernels import Dropout, chunked_lm_loss_applies, linear_cross_entropy
+from .layers import auto_map
 
 
 class EgbertElmoConfig(PretrainedConfig):
@@ -44,8 +40,9 @@ class EgbertElmoConfig(PretrainedConfig):
     label_smoothing: float = 0.0
     tie_word_embeddings: bool = True
     # A training forward (model.train(), gradients on) with labels computes its loss chunk by chunk
-    # without the (tokens, vocab) logits and returns None for them; True computes them as well.
-    logits_in_training: bool = False
+    # without the (tokens, vocab) logits and returns None for them (kernels.py); False computes
+    # the logits and F.cross_entropy.
+    chunked_lm_loss: bool = True
 
 
 @dataclass
@@ -130,6 +127,11 @@ class EgbertElmoPreTrainedModel(PreTrainedModel):
                 if name.startswith("bias_ih") and not getattr(bias, "_is_hf_initialized", False):
                     bias[module.hidden_size : 2 * module.hidden_size].fill_(1.0)
 
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """transformers' save_pretrained, with config.json's auto_map (layers.auto_map)."""
+        self.config.auto_map = auto_map(self, AUTO_CLASSES)
+        super().save_pretrained(save_directory, *args, **kwargs)
+
 
 class EgbertElmoModel(EgbertElmoPreTrainedModel):
     """Token embedding and the forward and backward LSTM stacks; returns [forward; backward]."""
@@ -202,7 +204,7 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
     ) -> EgbertElmoBidirectionalLMOutput | tuple:
         """`labels` are the input ids themselves (-100 to ignore a position); the model shifts
         them each way. Padding (attention_mask 0) is never a target. A training forward with
-        labels returns no logits unless config.logits_in_training."""
+        labels returns no logits unless config.chunked_lm_loss is off."""
         if return_dict is None:
             return_dict = self.config.return_dict
         outputs = self.elmo(
@@ -220,7 +222,7 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
         forward_logits = backward_logits = loss = forward_loss = backward_loss = None
         if labels is not None:
             next_tokens, previous_tokens = bidirectional_targets(labels, attention_mask)
-        if labels is not None and self._skips_logits():
+        if labels is not None and chunked_lm_loss_applies(self.config, self.training):
             forward_loss = self._chunked_token_loss(forward_states, next_tokens)
             backward_loss = self._chunked_token_loss(backward_states, previous_tokens)
         else:
@@ -241,12 +243,6 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
             hidden_states=outputs.hidden_states,
         )
         return output if return_dict else output.to_tuple()
-
-    def _skips_logits(self) -> bool:
-        """Whether a forward with labels leaves out the logits (see config.logits_in_training):
-        only when training, where a backward will use the gradients linear_cross_entropy computes
-        on the way."""
-        return self.training and torch.is_grad_enabled() and not self.config.logits_in_training
 
     def _token_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(
@@ -284,6 +280,10 @@ def bidirectional_targets(
     return F.pad(next_tokens, (0, 1), value=-100), F.pad(previous_tokens, (1, 0), value=-100)
 
 
-AutoConfig.register(EgbertElmoConfig.model_type, EgbertElmoConfig, exist_ok=True)
-AutoModel.register(EgbertElmoConfig, EgbertElmoModel, exist_ok=True)
-AutoModelForPreTraining.register(EgbertElmoConfig, EgbertElmoForBidirectionalLM, exist_ok=True)
+# The Auto classes elmo's classes load through: egbert/models/__init__.py registers them, and a
+# saved folder's config.json names those it loads as (layers.auto_map)
+AUTO_CLASSES = {
+    "AutoConfig": EgbertElmoConfig,
+    "AutoModel": EgbertElmoModel,
+    "AutoModelForPreTraining": EgbertElmoForBidirectionalLM,
+}

@@ -8,30 +8,25 @@ GenerationMixin supplies generate() (greedy, sampling, top-k, top-p), fed by a K
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    GenerationMixin,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils.deprecation import deprecate_kwarg
 
-from egbert.models.layers import (
+from .kernels import chunked_lm_loss_applies, linear_cross_entropy
+from .layers import (
     Embeddings,
     TransformerBlock,
+    auto_map,
     check_sequence_length,
     check_transformer_config,
     init_transformer_weights,
-    linear_cross_entropy,
     self_attention_mask,
 )
 
@@ -58,8 +53,9 @@ class EgbertGPTConfig(PretrainedConfig):
     use_cache: bool = True
     tie_word_embeddings: bool = True
     # A training forward (model.train(), gradients on) with labels computes its loss chunk by chunk
-    # without the (tokens, vocab) logits and returns logits=None; True computes them as well.
-    logits_in_training: bool = False
+    # without the (tokens, vocab) logits and returns logits=None (kernels.py); False computes
+    # the logits and F.cross_entropy.
+    chunked_lm_loss: bool = True
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -80,6 +76,11 @@ class EgbertGPTPreTrainedModel(PreTrainedModel):
             # so the variance of the stream does not grow with depth
             std = self.config.initializer_range / math.sqrt(2 * self.config.num_hidden_layers)
             init.normal_(module.weight, mean=0.0, std=std)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """transformers' save_pretrained, with config.json's auto_map (layers.auto_map)."""
+        self.config.auto_map = auto_map(self, AUTO_CLASSES)
+        super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class EgbertGPTModel(EgbertGPTPreTrainedModel):
@@ -206,7 +207,7 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast | tuple:
         """labels may simply be input_ids: they are shifted here; -100 marks positions to ignore.
         logits_to_keep > 0 computes logits for the last that many positions only (generate uses 1).
-        A training forward with labels returns logits=None unless config.logits_in_training.
+        A training forward with labels returns logits=None unless config.chunked_lm_loss is off.
         """
         decoded = self.gpt(
             input_ids,
@@ -224,7 +225,7 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
             # position t predicts token t + 1, the last position nothing; shifting the labels
             # rather than the logits keeps the (batch, seq, vocab) logits uncopied
             next_tokens = F.pad(labels[:, 1:], (0, 1), value=-100)
-        if labels is not None and self._skips_logits():
+        if labels is not None and chunked_lm_loss_applies(self.config, self.training):
             loss = linear_cross_entropy(
                 hidden,
                 self.lm_head.weight,
@@ -249,17 +250,15 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
         )
         return output if _default(return_dict, self.config.return_dict) else output.to_tuple()
 
-    def _skips_logits(self) -> bool:
-        """Whether a forward with labels leaves out the logits (see config.logits_in_training):
-        only when training, where a backward will use the gradients linear_cross_entropy computes
-        on the way."""
-        return self.training and torch.is_grad_enabled() and not self.config.logits_in_training
-
 
 def _default(value: bool | None, config_value: bool | None) -> bool:
     return bool(config_value) if value is None else value
 
 
-AutoConfig.register(EgbertGPTConfig.model_type, EgbertGPTConfig, exist_ok=True)
-AutoModel.register(EgbertGPTConfig, EgbertGPTModel, exist_ok=True)
-AutoModelForCausalLM.register(EgbertGPTConfig, EgbertGPTForCausalLM, exist_ok=True)
+# The Auto classes gpt's classes load through: egbert/models/__init__.py registers them, and a
+# saved folder's config.json names those it loads as (layers.auto_map)
+AUTO_CLASSES = {
+    "AutoConfig": EgbertGPTConfig,
+    "AutoModel": EgbertGPTModel,
+    "AutoModelForCausalLM": EgbertGPTForCausalLM,
+}

@@ -31,21 +31,28 @@ config it saves.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
+from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from egbert.errors import ConfigError
-from egbert.models.bert import EgbertBertConfig, EgbertBertModel
-from egbert.models.elmo import EgbertElmoConfig, EgbertElmoModel
-from egbert.models.gpt import EgbertGPTConfig, EgbertGPTModel
-from egbert.models.layers import Dropout
+from .bert import EgbertBertConfig, EgbertBertModel
+from .elmo import EgbertElmoConfig, EgbertElmoModel
+from .gpt import EgbertGPTConfig, EgbertGPTModel
+from .kernels import Dropout
+from .layers import auto_map
+
+try:
+    from egbert.errors import ConfigError
+except ImportError:  # a saved model folder's copy of this file, used where egbert is not installed
+    ConfigError = ValueError
 
 HEAD_DEFAULTS: dict[str, Any] = {
     "classifier_features": "cls",
@@ -208,6 +215,22 @@ class EgbertSequenceClassifier(PreTrainedModel):
         model._freeze_backbone_parameters()
         return model
 
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs: Any
+    ) -> None:
+        """transformers' save_pretrained, with config.json's auto_map (layers.auto_map) and copies
+        of this file and the ones it imports (the config's save copies its own family's files)."""
+        classifier = next(cls for cls in CLASSIFIERS if isinstance(self, cls))
+        auto_classes = {
+            "AutoConfig": self.config_class,
+            "AutoModel": self.backbone_class,
+            "AutoModelForSequenceClassification": classifier,
+        }
+        self.config.auto_map = auto_map(self, auto_classes)
+        super().save_pretrained(save_directory, is_main_process, **kwargs)
+        if self.should_save_on_this_rank(is_main_process):
+            custom_object_save(EgbertSequenceClassifier, save_directory)
+
     def _freeze_backbone_parameters(self) -> None:
         if self.freeze_backbone:
             self.base_model.requires_grad_(False)
@@ -320,12 +343,8 @@ class EgbertElmoForSequenceClassification(EgbertSequenceClassifier):
     state_size_multiplier = 2  # every entry is [forward; backward]
 
 
-AutoModelForSequenceClassification.register(
-    EgbertBertConfig, EgbertBertForSequenceClassification, exist_ok=True
-)
-AutoModelForSequenceClassification.register(
-    EgbertGPTConfig, EgbertGPTForSequenceClassification, exist_ok=True
-)
-AutoModelForSequenceClassification.register(
-    EgbertElmoConfig, EgbertElmoForSequenceClassification, exist_ok=True
+CLASSIFIERS = (
+    EgbertBertForSequenceClassification,
+    EgbertGPTForSequenceClassification,
+    EgbertElmoForSequenceClassification,
 )

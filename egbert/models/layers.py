@@ -2,8 +2,8 @@
 
 BERT and GPT are stacks of the same block; they differ in where the LayerNorms sit (after each
 residual sum in BERT, before each sublayer in GPT), in whether attention is causal, and in the
-GELU variant (exact in BERT, the tanh approximation in GPT-2). GPT and ELMo train their LM heads
-through `linear_cross_entropy`, which never holds the (tokens, vocab) logits.
+GELU variant (exact in BERT, the tanh approximation in GPT-2). The CPU-specific kernels the
+blocks call (dropout masks, bfloat16 attention) live in kernels.py.
 """
 
 from __future__ import annotations
@@ -14,11 +14,17 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from egbert.errors import ConfigError, DataError
+from .kernels import Dropout, explicit_attention, prefers_written_out_attention
+
+try:
+    from egbert.errors import ConfigError, DataError
+except ImportError:  # a saved model folder's copy of this file, used where egbert is not installed
+    ConfigError = DataError = ValueError
 
 # config.hidden_act -> activation; "gelu_new" is GPT-2's name for the tanh approximation
 ACTIVATIONS = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh")}
@@ -39,29 +45,6 @@ def sinusoidal_position_table(
     table[:, 0::2] = torch.sin(positions * frequencies)
     table[:, 1::2] = torch.cos(positions * frequencies[: dim // 2])
     return table  # (positions, dim)
-
-
-def dropout(hidden: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """F.dropout, with the mask drawn from 16 random bits per element on a CPU.
-
-    torch's CPU dropout draws its mask with bernoulli_, which outside Intel's MKL is a serial loop
-    of one Mersenne Twister draw per element: 4.6 ms per million elements on this project's AMD
-    CPU, a quarter of a bfloat16 bert step. Splitting 64-bit draws from the same generator four
-    ways takes 0.7 ms. The drop probability is rounded to a multiple of 1/65536 (0.1 -> 0.100006).
-    """
-    if not training or not 0.0 < p < 1.0 or hidden.device.type != "cpu":
-        return F.dropout(hidden, p, training)  # which also rejects a p outside [0, 1]
-    draws = torch.empty(-(-hidden.numel() // 4), dtype=torch.int64).random_(-(2**63), None)
-    bits = draws.view(torch.int16)[: hidden.numel()].view(hidden.shape)
-    kept = bits >= round(p * 65536) - 32768  # int16 bits are uniform on [-32768, 32767]
-    return hidden * kept.to(hidden.dtype).mul_(1.0 / (1.0 - p))
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout through `dropout` above."""
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return dropout(hidden, self.p, self.training)
 
 
 class Embeddings(nn.Module):
@@ -144,7 +127,7 @@ def self_attention_mask(
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention through F.scaled_dot_product_attention (or, where that is
-    slower or the weights are wanted, explicit_attention), one fused qkv matrix."""
+    slower or the weights are wanted, kernels.explicit_attention), one fused qkv matrix."""
 
     def __init__(
         self,
@@ -180,7 +163,7 @@ class SelfAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         # SDPA's is_causal aligns the mask top-left, which is only right without cached keys
         is_causal = self.is_causal and attention_mask is None and key.shape[2] == length
-        if output_attentions or written_out_is_faster(query, key):
+        if output_attentions or prefers_written_out_attention(query, key):
             context, weights = explicit_attention(
                 query, key, value, attention_mask, is_causal, dropout
             )
@@ -192,35 +175,6 @@ class SelfAttention(nn.Module):
             weights = None
         context = context.transpose(1, 2).reshape(batch, length, hidden)
         return self.out(context), weights
-
-
-def written_out_is_faster(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether explicit_attention beats SDPA here. SDPA's CPU kernels compute bfloat16 attention
-    in float32: the written-out bfloat16 matmuls and softmax ran a training step's attention
-    (forward and backward) 4.4x faster at 128 keys, 1.4-1.8x at 256 and up to 1.5x at 512 (level
-    when causal), while in float32 SDPA's flash kernel was level or faster, and on a GPU SDPA's
-    fused kernels win."""
-    return query.device.type == "cpu" and query.dtype == torch.bfloat16 and key.shape[-2] <= 512
-
-
-def explicit_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    is_causal: bool,
-    dropout_p: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(QK^T / sqrt(d)) V written out: for when the caller wants the attention weights,
-    and where it is faster than SDPA (written_out_is_faster)."""
-    scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])  # (batch, heads, q, k)
-    if is_causal:
-        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
-    if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = scores.softmax(dim=-1)
-    context = dropout(weights, dropout_p) @ value
-    return context, weights
 
 
 class FeedForward(nn.Module):
@@ -292,138 +246,6 @@ class TransformerBlock(GradientCheckpointingLayer):
             fed = self.feed_forward(hidden_states)
             hidden_states = self.feed_forward_norm(hidden_states + self.dropout(fed))
         return hidden_states, weights
-
-
-def linear_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    label_smoothing: float = 0.0,
-    chunk_rows: int | None = None,
-) -> torch.Tensor:
-    """F.cross_entropy(F.linear(hidden, weight, bias), targets, ignore_index=-100,
-    label_smoothing=...) for a training step, without ever holding the (rows, vocab) logits.
-
-    At a vocabulary of 30k the LM head's logits dwarf the rest of a small model: materialising
-    them in float32, the log-softmax, its gradient and their copies cost as much time as the
-    transformer itself. Here rows whose target is -100 are dropped first, and the rest go through
-    the head `chunk_rows` at a time (default: `default_chunk_rows`): each chunk's logits are
-    turned into its loss and, before the next chunk's exist, into the gradients of hidden, weight
-    and bias (softmax minus the smoothed one-hot, times the head). backward() only scales those by
-    the incoming gradient. The matmuls, the softmax and the gradients run in the autocast dtype
-    (the softmax accumulating in float32), the loss's sums in float32; under bfloat16 the loss
-    differs from the dense F.linear + F.cross_entropy's by the rounding of one probability per row
-    (< 0.002 nats), and the gradients are the dense path's rounded to bfloat16, as its backward
-    would round them. The gradients are computed in the forward pass, so call it only when a
-    backward will follow (use the dense path under torch.no_grad).
-    """
-    hidden = hidden.reshape(-1, hidden.shape[-1])  # (rows, hidden)
-    targets = targets.reshape(-1)
-    kept = targets != -100
-    device = hidden.device.type
-    autocast = torch.is_autocast_enabled(device)
-    dtype = torch.get_autocast_dtype(device) if autocast else weight.dtype
-    if chunk_rows is None:
-        chunk_rows = default_chunk_rows(hidden.device, weight.shape[0])
-    return _LinearCrossEntropy.apply(
-        hidden[kept], weight, bias, targets[kept], dtype, label_smoothing, chunk_rows
-    )
-
-
-def default_chunk_rows(device: torch.device, vocab: int) -> int:
-    """Rows per chunk of linear_cross_entropy. On a CPU 512 rows were the fastest size measured
-    (a mini gpt's bf16 step: 688 ms, against 714 at 256 rows and 758 at 1024; fp32 level). On a
-    GPU every chunk costs several kernel launches, which dominated a gpt step at 256 rows (an H100
-    ran the mini gpt at 0.88x GPT2LMHeadModel), so chunks there are as large as 2**27 float32
-    logits (512 MiB) allow."""
-    return 512 if device.type == "cpu" else max(256, 2**27 // vocab)
-
-
-def _padded_rows(tensor: torch.Tensor, padding: int, dtype: torch.dtype) -> torch.Tensor:
-    """`tensor` in `dtype` with `padding` zero rows after it, cast and padded in one copy (a
-    cast and then F.pad would copy the LM head twice every step)."""
-    if not padding:
-        return tensor.to(dtype)
-    padded = tensor.new_empty((tensor.shape[0] + padding, *tensor.shape[1:]), dtype=dtype)
-    padded[: tensor.shape[0]] = tensor
-    padded[tensor.shape[0] :] = 0
-    return padded
-
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    """The mean cross-entropy of a linear head over rows that all have a target; see
-    linear_cross_entropy. The gradients are computed chunk by chunk in forward()."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, dtype, label_smoothing, chunk_rows):
-        rows, vocab = hidden.shape[0], weight.shape[0]
-        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
-        # A vocabulary that is not a multiple of 8 (BERT's 30,522) leaves every logits row off the
-        # 16-byte alignment that vectorised loads and Hopper's matmul kernels need (an H100 ran
-        # one of the three head matmuls on an older, slower kernel). Zero rows pad the head, and
-        # their logits are set to -inf so that they take no probability and get no gradient.
-        padding = -vocab % 8
-        # the casts are spelled out here, so autocast must not add its own
-        with torch.autocast(hidden.device.type, enabled=False):
-            inputs, head = hidden.to(dtype), _padded_rows(weight, padding, dtype)
-            head_bias = None if bias is None else _padded_rows(bias, padding, dtype)
-            grad_hidden = torch.empty_like(hidden) if needs_hidden else None
-            grad_weight = None  # the first chunk's product starts it (zero-filling it costs more)
-            grad_bias = torch.zeros_like(head_bias, dtype=torch.float32) if needs_bias else None
-            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-            for start in range(0, rows, chunk_rows):
-                chunk = slice(start, start + chunk_rows)
-                logits = F.linear(inputs[chunk], head, head_bias)  # (chunk, padded vocab)
-                if padding:
-                    logits[:, vocab:] = -math.inf
-                # d loss / d logits of a row: softmax - (1 - eps) * one_hot(target) - eps / vocab.
-                # The softmax is written once, in the matmul dtype the gradient needs anyway; a
-                # float32 log-softmax, its exp and the casts cost as much as the matmuls on a CPU.
-                grad_logits = logits.softmax(dim=-1)
-                # log-sum-exp from the largest logit and its probability, which is at least 1/vocab,
-                # so it never underflows (in bfloat16 it carries 2**-9 relative error: < 0.002 nats)
-                top_logit = logits.amax(dim=-1).float()
-                log_normalizer = top_logit - grad_logits.amax(dim=-1).float().log()
-                target = targets[chunk]
-                picked = torch.arange(len(target), device=target.device)
-                target_logit = logits[picked, target].float()
-                total += (1 - label_smoothing) * (log_normalizer - target_logit).sum()
-                if label_smoothing:
-                    logits_sum = logits[:, :vocab].sum(dim=-1, dtype=torch.float32)
-                    total += label_smoothing * (log_normalizer - logits_sum / vocab).sum()
-                # indexing, not scatter_add_: a bfloat16 scatter_add_ is a slow serial loop on a CPU
-                grad_logits[picked, target] -= 1 - label_smoothing
-                if label_smoothing:
-                    grad_logits[:, :vocab].sub_(label_smoothing / vocab)
-                if needs_bias:  # summed in the matmul dtype, as the weight's gradient is
-                    grad_bias += grad_logits.sum(dim=0)
-                if needs_hidden:
-                    grad_hidden[chunk] = grad_logits @ head
-                if needs_weight:
-                    product = grad_logits.T @ inputs[chunk]  # (padded vocab, hidden)
-                    if grad_weight is None:
-                        grad_weight = product.float()
-                    else:
-                        grad_weight += product
-        if needs_weight:
-            grad_weight = torch.zeros_like(weight) if grad_weight is None else grad_weight[:vocab]
-        if needs_bias:
-            grad_bias = grad_bias[:vocab]
-        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        ctx.rows = rows
-        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
-        return total / rows  # NaN without any target, as F.cross_entropy
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss):
-        scale = grad_loss / max(ctx.rows, 1)
-        grads = [
-            None if grad is None else (grad * scale).to(dtype)
-            for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)
-        ]
-        return (*grads, None, None, None, None)
 
 
 def check_transformer_config(config) -> None:
@@ -545,3 +367,19 @@ def init_local_attention(module: nn.Module, head_dim: int, std: float) -> None:
             key_rows = slice(hidden + head * head_dim, hidden + (head + 1) * head_dim)
             weight[key_rows] = position_shift(frequencies, -offset) @ read_positions
         init.copy_(module.weight, weight.to(module.weight.dtype))
+
+
+def auto_map(model: PreTrainedModel, auto_classes: dict[str, type]) -> dict[str, str]:
+    """config.json's auto_map for a folder `model` is saved in: of its family's `auto_classes`
+    (Auto class name -> egbert class), the config, the base model, the classes `model` is an
+    instance of and those it names in `also_loads_as`, each as "file.Class", where transformers
+    finds the class (in the folder's copy of the file that defines it) when it loads the folder in
+    a Python without egbert. isinstance, not type(model): under FSDP2 a model's class is one torch
+    derives at run time."""
+    return {
+        name: f"{cls.__module__.rpartition('.')[2]}.{cls.__name__}"
+        for name, cls in auto_classes.items()
+        if name in ("AutoConfig", "AutoModel")
+        or isinstance(model, cls)
+        or name in getattr(model, "also_loads_as", ())
+    }
