@@ -37,6 +37,7 @@ _EXPORTS = {
         "load_preset",
         "available_presets",
         "apply_config_overrides",
+        "arguments_from_options",
         "parse_args",
     ],
     "egbert.trainer": ["Trainer", "TrainOutput"],

@@ -275,17 +275,24 @@ def resolve_tasks(requested: Sequence[str], glue: Path | None) -> list[str]:
 # ---------------------------------------------------------------- steps that reuse their output
 
 
-def prepare_tokenizer(output_dir: Path, corpus: Path, vocab_size: int) -> PreTrainedTokenizerBase:
-    """The WordPiece tokenizer in output_dir/tokenizer, trained on `corpus` unless it is there."""
+def prepare_tokenizer(
+    output_dir: Path, corpus: Sequence[Path], vocab_size: int, encoding_errors: str = "strict"
+) -> PreTrainedTokenizerBase:
+    """The WordPiece tokenizer in output_dir/tokenizer, trained on the `corpus` files unless it
+    is there (`encoding_errors`: what undecodable bytes do, as in `egbert tokenizer train`)."""
     tokenizer_dir = output_dir / "tokenizer"
     if (tokenizer_dir / "tokenizer.json").is_file():
         print(f"  reusing {tokenizer_dir}", flush=True)
         return load_tokenizer(tokenizer_dir)
-    print(f"  training WordPiece ({vocab_size:,}) on {corpus}", flush=True)
+    files = str(corpus[0]) if len(corpus) == 1 else f"{len(corpus)} files"
+    print(f"  training WordPiece ({vocab_size:,}) on {files}", flush=True)
     start = time.perf_counter()
-    tokenizer = train_tokenizer([corpus], vocab_size=vocab_size, out_dir=tokenizer_dir)
+    tokenizer = train_tokenizer(
+        corpus, vocab_size=vocab_size, out_dir=tokenizer_dir, encoding_errors=encoding_errors
+    )
     print(f"  trained in {time.perf_counter() - start:.1f} s, saved to {tokenizer_dir}")
-    print(format_stats(tokenizer_stats(tokenizer, [corpus])), flush=True)
+    # Measured on the first file, the main corpus (tokenizer_stats decodes strictly).
+    print(format_stats(tokenizer_stats(tokenizer, corpus[:1])), flush=True)
     return tokenizer
 
 
@@ -456,7 +463,7 @@ def quickstart(args: QuickstartArguments) -> dict[str, Any]:
     budget = start_budget(args, output_dir)
     print(f"[1/5] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
     tokenizer = prepare_tokenizer(
-        output_dir, data / WIKITEXT / "wiki.train.tokens", args.vocab_size
+        output_dir, [data / WIKITEXT / "wiki.train.tokens"], args.vocab_size
     )
     try:
         return run_stages(args, budget, data, glue, tasks, tokenizer)

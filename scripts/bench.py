@@ -43,21 +43,27 @@ from datasets import Dataset
 from torch import nn
 from transformers import BertConfig, BertForPreTraining, GPT2Config, GPT2LMHeadModel
 
-from egbert.config import available_presets, load_preset
-from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
-from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
-from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
-from egbert.optimization import adamw
-from egbert.pretrain.data import (
+from egbert import (
     CausalLMCollator,
+    EgbertBertConfig,
+    EgbertBertForPreTraining,
+    EgbertElmoConfig,
+    EgbertElmoForBidirectionalLM,
+    EgbertGPTConfig,
+    EgbertGPTForCausalLM,
     MLMCollator,
+    adamw,
+    available_presets,
+    bf16_pays_off,
     build_nsp_examples,
+    load_preset,
+    load_tokenizer,
+    matmul_gflops,
     pack_blocks,
     read_documents,
     tokenize_documents,
+    train_tokenizer,
 )
-from egbert.runtime import bf16_pays_off, matmul_gflops
-from egbert.tokenizer import load_tokenizer, train_tokenizer
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 

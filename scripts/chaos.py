@@ -275,7 +275,7 @@ def find_data(path: str | None) -> Path:
 def prepare_inputs(workdir: Path, data: Path, job: str, model: str) -> dict[str, Path]:
     """A 1,000-token tokenizer and a 100-line corpus from WikiText-2; for finetune a tiny
     random model of the family and an RTE slice (64 train, 24 dev rows)."""
-    from egbert.tokenizer import train_tokenizer
+    from egbert import train_tokenizer
 
     lines = (data / "corpus/wikitext-2/wiki.train.tokens").read_text(encoding="utf-8")
     lines = lines.splitlines(keepends=True)
@@ -296,10 +296,7 @@ def save_tiny_model(family: str, tokenizer_dir: Path, out: Path) -> Path:
     import torch
     from transformers import AutoModel
 
-    import egbert.models  # noqa: F401  (registers the Auto classes)
-    from egbert.config import load_preset
-    from egbert.pretrain.run import CONFIG_CLASSES
-    from egbert.tokenizer import load_tokenizer
+    from egbert import CONFIG_CLASSES, load_preset, load_tokenizer  # registers the Auto classes
 
     tokenizer = load_tokenizer(tokenizer_dir)
     ids = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}

@@ -1,9 +1,10 @@
 """Side by side: `egbert embed` vs sentence-transformers on all-MiniLM-L6-v2 over SST-2.
 
-Reports the cosine between the two (egbert through its CLI: --pool mean --layers -1 --combine
-none --normalize) and sentences/s of `egbert.embed.embed` vs `SentenceTransformer.encode` on the
-same sentences and batch size, the two timed in alternation after one warm-up run each. On a
-machine shared with other jobs, the best round is the one least disturbed by them.
+Reports the cosine between the two (egbert through its CLI, `egbert embed --pool mean --layers -1
+--combine none --normalize` in its own process) and sentences/s of `egbert.embed` vs
+`SentenceTransformer.encode` on the same sentences and batch size, the two timed in alternation
+after one warm-up run each. On a machine shared with other jobs, the best round is the one least
+disturbed by them.
 
     python scripts/embed_bench.py [--lines 1000] [--batch-size 32] [--rounds 5]
 """
@@ -15,6 +16,8 @@ import csv
 import itertools
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from egbert.embed import embed, load_model, main
+from egbert import embed, load_model
 
 SETTINGS = dict(layers=(-1,), combine="none", pool="mean", normalize=True, max_length=256)
 
@@ -45,14 +48,17 @@ def sst2_sentences(data_dir: Path, lines: int) -> list[str]:
 
 
 def cli_vectors(model_dir: Path, sentences: list[str]) -> tuple[np.ndarray, float]:
-    """What `egbert embed` writes, and its wall time (model loading included)."""
+    """What `egbert embed` writes, and its wall time (the process's start and the model's loading
+    included)."""
     with tempfile.TemporaryDirectory() as scratch:
         source, output = Path(scratch) / "input.txt", Path(scratch) / "output.npy"
         source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
         start = time.perf_counter()
-        main(["--model", str(model_dir), "--input", str(source), "--output", str(output),
-              "--pool", "mean", "--layers", "-1", "--combine", "none", "--normalize",
-              "--max-length", "256"])  # fmt: skip
+        settings = ["--pool", "mean", "--layers", "-1", "--combine", "none", "--normalize"]
+        command = [sys.executable, "-m", "egbert.cli", "embed", "--model", str(model_dir)]
+        command += ["--input", str(source), "--output", str(output), *settings]
+        command += ["--max-length", "256"]
+        subprocess.run(command, check=True)
         return np.load(output), time.perf_counter() - start
 
 
@@ -78,7 +84,9 @@ def run_bench() -> None:
     print(f"{len(sentences)} SST-2 sentences (dev, then test), torch threads {threads}")
     print(f"cosine, egbert CLI vs sentence-transformers: min {cosine.min():.6f}", end="")
     print(f", mean {cosine.mean():.6f}")
-    print(f"egbert embed CLI end to end (model load included): {cli_seconds:.2f} s")
+    print(
+        f"egbert embed CLI end to end (process start and model load included): {cli_seconds:.2f} s"
+    )
 
     model, tokenizer = load_model(model_dir, "cpu")
     runs = {

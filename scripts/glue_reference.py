@@ -28,9 +28,15 @@ from transformers import (
     TrainingArguments,
 )
 
-from egbert.finetune.metrics import compute_task_metrics, task_score
-from egbert.finetune.run import write_predictions
-from egbert.finetune.tasks import Task, get_task, read_glue_split, split_file
+from egbert import (
+    Task,
+    compute_task_metrics,
+    get_task,
+    read_glue_split,
+    split_file,
+    task_score,
+    write_predictions,
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

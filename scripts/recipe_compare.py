@@ -8,29 +8,32 @@
 
 1. trains the WordPiece tokenizer (16k) once on WikiText-2 train + the Gutenberg books;
 2. pretrains bert on that corpus for --budget-minutes twice: with the stock recipe
-   (scripts/stock_recipe.py, plain transformers.Trainer) and with egbert's (`egbert pretrain`
-   with EGBERT_RECIPE and EGBERT_MODEL), and once more per --ablate candidate, egbert's recipe
-   with that one choice flipped; saves egbert's model at its random initial weights as "scratch";
-   with --families, also pretrains gpt and/or elmo with their own defaults (FAMILY_RECIPE) and
-   saves each at its random initial weights as its twin ("gpt, scratch");
-3. fine-tunes every model identically with `egbert finetune` (FINETUNE_FLAGS; the head and lr by
-   model type, FINETUNE_BY_TYPE, so a twin is fine-tuned as its pretrained model) on the tasks,
-   once per --finetune-seeds seed;
+   (scripts/stock_recipe.py, plain transformers.Trainer) and with egbert's
+   (`egbert.run_pretraining` with `egbert pretrain`'s bert defaults and EGBERT_RECIPE over them),
+   and once more per --ablate candidate, egbert's recipe with that one choice flipped; saves
+   egbert's model at its random initial weights as "scratch"; with --families, also pretrains gpt
+   and/or elmo with their own defaults (FAMILY_RECIPE) and saves each at its random initial
+   weights as its twin ("gpt, scratch");
+3. fine-tunes every model identically with `egbert.run_finetuning` (quickstart's fine-tuning
+   options, the head and lr by model type among them, so a twin is fine-tuned as its pretrained
+   model; SST-2 for SST2_EPOCHS, the other tasks FINETUNE_EPOCHS) on the tasks, once per
+   --finetune-seeds seed;
 4. writes `results.md` (GLUE scores x 100, the mean over the seeds, and their average, plus a
    table of each seed's average when there are several, and an ablation table),
    `results.json` and `loss_curves.png` (training loss against minutes), and prints them.
 
 A rerun reuses every finished step; a rerun with another preset, budget, vocabulary, sample
-count or recipe on the same --output-dir is refused.
+count or recipe on the same --output-dir is refused. SIGTERM or Ctrl-C stop the run in progress
+with a checkpoint; the same command goes on from there.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import json
-import os
 import subprocess
 import sys
 import time
@@ -41,16 +44,8 @@ from typing import Any
 
 from transformers import set_seed
 
+import egbert
 from egbert import quickstart
-from egbert.checkpoints import read_model_config
-from egbert.config import PretrainArguments, TrainingArguments, apply_config_overrides, load_preset
-from egbert.errors import ConfigError, DataError, EgbertError, TrainingError
-from egbert.finetune import run as finetune_run
-from egbert.finetune.metrics import glue_score
-from egbert.models.bert import EgbertBertConfig
-from egbert.pretrain import run as pretrain_run
-from egbert.runtime import bf16_pays_off
-from egbert.tokenizer import load_tokenizer, train_tokenizer
 
 STOCK_SCRIPT = Path(__file__).resolve().with_name("stock_recipe.py")
 PRESETS = ("tiny", "mini", "small", "base")  # the sizes both recipes know
@@ -58,69 +53,42 @@ DEFAULT_TASKS = ["sst2", "mrpc", "stsb", "rte", "cola"]
 SEED = 42
 STOCK, EGBERT, SCRATCH = "stock", "egbert", "scratch"
 
-# How every egbert run reads the corpus (the precision comes from precision_flags).
-CORPUS = [
-    "--doc-boundary", "wikitext",
+# How every egbert run reads the corpus (the precision comes from use_bf16).
+CORPUS = {
+    "doc_boundary": "wikitext",
     # Two Gutenberg books are Latin-1 in a few bytes: replace those rather than stop.
-    "--encoding-errors", "replace",
-]  # fmt: skip
-# Egbert's recipe: `egbert pretrain --model bert --preset P --budget-minutes M` plus these
-# options; everything not named here is a default of `egbert pretrain` or of the preset. AdamW's
-# beta2 is the default 0.999: in the fp32 ablation 0.98 did not help (0.2 GLUE points less, the
-# same MLM loss per minute, 0.07 nats more per step; README).
-EGBERT_RECIPE = [
-    *CORPUS,
-    "--seq-len", "128",
-    "--nsp", "false",
-    "--batch-size", "16",
-    "--mlm-probability", "0.4",
-    "--lr", "1e-3",
-    "--warmup-steps", "0.06",
-]  # fmt: skip
-# ...and the fields of the preset's model config it changes (pretraining only: fine-tuning
-# puts BERT's dropout back, see dropout_overrides). The blocks stay post-LN, the preset's:
-# pre-LN averaged 1.8 GLUE points less in the 25-minute ablation (README).
-EGBERT_MODEL = {
-    "local_attention_init": True,
-    "hidden_dropout_prob": 0.0,
-    "attention_probs_dropout_prob": 0.0,
+    "encoding_errors": "replace",
 }
-# gpt and elmo (--families): `egbert pretrain --model F --preset P --budget-minutes M` with the
-# family's defaults (elmo's FAMILY_DEFAULTS in egbert.pretrain.run: lr, dropout, 64-token blocks);
-# only the corpus reading, the precision and the budget's warmup are set.
+# Egbert's recipe: `egbert.run_pretraining(model="bert", preset=P, budget_minutes=M)` with these
+# options over its bert defaults (FAMILY_DEFAULTS in egbert.pretrain.run, which this comparison
+# chose: batch 16, 40% masking, lr 1e-3, 6% warmup, heads that start on their neighbours, no
+# dropout while pretraining; fine-tuning puts BERT's dropout back) and the preset's model
+# config (sparse MLM logits, post-LN blocks: pre-LN averaged 1.8 GLUE points less in the
+# 25-minute ablation). NSP is off, packing 128-token blocks: it cost 4.5 points in that
+# ablation. AdamW's beta2 is the default 0.999: in the fp32 ablation 0.98 did not help (0.2 GLUE
+# points less, the same MLM loss per minute, 0.07 nats more per step; README).
+EGBERT_RECIPE: dict[str, Any] = {**CORPUS, "nsp": False}
+# gpt and elmo (--families): `egbert.run_pretraining(model=F, ...)` with the family's defaults
+# (elmo's FAMILY_DEFAULTS: lr, dropout, 64-token blocks); only the corpus reading, the precision
+# and the budget's warmup are set.
 FAMILIES = ("gpt", "elmo")
-FAMILY_RECIPE = [*CORPUS, "--warmup-steps", "0.06"]
+FAMILY_RECIPE: dict[str, Any] = {**CORPUS, "warmup_steps": 0.06}
 
-# The same fine-tuning for every model (SST-2, 67k examples, gets one epoch instead of three);
-# dev scores are all the tables need, so no test-set prediction files. The seed is
-# --finetune-seeds'.
-FINETUNE_FLAGS = ["--batch-size", "32", "--max-seq-length", "128", "--no-predict"]
-FINETUNE_DROPOUT = 0.1  # on every dropout field the model has (see dropout_overrides)
-DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
-# What the classifier reads and the peak lr, by model type (a model and its twin alike; others:
-# the summary vector, `--features cls`, at lr 1e-4). elmo gets ELMo's own task head, a learned
-# mix of its layers averaged over the tokens: in an 8-minute tiny pilot it gave the pretrained
-# elmo 53.1 SST-2 / 19.5 STS-B against 51.8 / 13.2 with cls, and its twin 50.9 / 5.9 against
-# 50.9 / 4.0. Each layer brought to one scale before the mix and lr 1e-3: the pretrained mini
-# elmo's LSTM states are ~200x its twin's, and on 8,000 SST-2 examples (1 epoch) these took it
-# from 58.6 (with the layer norm, at 1e-4) and 75.0 (at 1e-3, without) to 77.1, its twin from
-# 72.4 and 76.9 to 77.4 (README).
-FINETUNE_DEFAULTS: dict[str, Any] = {
-    "features": "cls",
-    "pool": "cls",
-    "layer_norm": False,
-    "lr": 1e-4,
-}
-FINETUNE_BY_TYPE: dict[str, dict[str, Any]] = {
-    "egbert-elmo": {"features": "scalar-mix", "pool": "mean", "layer_norm": True, "lr": 1e-3}
-}
+# The same fine-tuning for every model: quickstart's (quickstart.finetune_options: lr 1e-4,
+# batch 32, 128 tokens, dropout 0.1 on whichever dropout the model has, no test predictions;
+# elmo and its twin ELMo's own task head at lr 1e-3, FINETUNE_BY_TYPE, chosen by this
+# comparison's pilots) with its summary-vector head, on every training example unless
+# --max-train-samples; SST-2, 67k examples, gets one epoch instead of three.
+HEAD = "cls"
 FINETUNE_EPOCHS, SST2_EPOCHS = 3, 1
+# A finished fine-tuning is reused only if it was made with this head and lr.
+CHECKED_OPTIONS = ("features", "pool", "layer_norm", "lr")
 
 
 @dataclass(frozen=True)
 class Candidate:
     """A choice of egbert's recipe that --ablate flips: options of `egbert pretrain`, or fields
-    of the bert model config (passed through --config-overrides), all set to one value."""
+    of the bert model config (set through its config_overrides), all set to one value."""
 
     fields: tuple[str, ...]
     in_model_config: bool
@@ -176,19 +144,7 @@ CANDIDATES = {
 }
 
 
-# ---------------------------------------------------------------- data and options
-
-
-def find_corpus(data_arg: str | None) -> tuple[Path, list[Path]]:
-    """The data folder and its pretraining files: WikiText-2 train + the Gutenberg books."""
-    data = Path(data_arg or os.environ.get("EGBERT_DATA") or quickstart.DEFAULT_DATA)
-    train_files, _ = quickstart.corpus_files(data)
-    if not train_files[0].is_file():
-        raise DataError(
-            f"{train_files[0]}: not found; point --data (or EGBERT_DATA) at a folder with "
-            "corpus/wikitext-2/wiki.train.tokens, corpus/gutenberg/*.txt and glue/<TASK>/"
-        )
-    return data, train_files
+# ---------------------------------------------------------------- options
 
 
 def check_options(output_dir: Path, options: dict[str, Any]) -> None:
@@ -198,7 +154,7 @@ def check_options(output_dir: Path, options: dict[str, Any]) -> None:
     saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     changed = [f"{k} {saved[k]} -> {v}" for k, v in options.items() if saved.get(k, v) != v]
     if changed:
-        raise ConfigError(
+        raise egbert.ConfigError(
             f"{output_dir} holds runs made with other options ({'; '.join(changed)}); "
             "pass another --output-dir, or the same options"
         )
@@ -207,54 +163,38 @@ def check_options(output_dir: Path, options: dict[str, Any]) -> None:
         path.write_text(json.dumps(saved | options, indent=2) + "\n", encoding="utf-8")
 
 
-def prepare_tokenizer(output_dir: Path, files: Sequence[Path], vocab_size: int) -> Path:
-    """Train the shared WordPiece tokenizer once; later runs reuse it."""
-    tokenizer_dir = output_dir / "tokenizer"
-    if (tokenizer_dir / "tokenizer.json").is_file():
-        print(f"  reusing {tokenizer_dir}", flush=True)
-        return tokenizer_dir
-    print(f"  training WordPiece ({vocab_size:,}) on {len(files)} files", flush=True)
-    # Two Gutenberg books are Latin-1 in a few bytes: replace those rather than stop.
-    train_tokenizer(
-        files,
-        vocab_size=vocab_size,
-        out_dir=tokenizer_dir,
-        show_progress=False,
-        encoding_errors="replace",
-    )
-    return tokenizer_dir
-
-
 # ---------------------------------------------------------------- egbert's recipe and ablations
 
 
+def recipe_options(family: str = "bert") -> dict[str, Any]:
+    """What the comparison sets over `egbert pretrain`'s defaults for the family: bert
+    EGBERT_RECIPE, gpt and elmo FAMILY_RECIPE; then the precision."""
+    options = EGBERT_RECIPE if family == "bert" else FAMILY_RECIPE
+    return {**options, "bf16": use_bf16()}
+
+
+def recipe_record(family: str = "bert") -> dict[str, Any]:
+    """The family's recipe as the folder and the report record it: its defaults in `egbert
+    pretrain` with the comparison's options over them, so that a change of either shows."""
+    return {**egbert.FAMILY_DEFAULTS.get(family, {}), **recipe_options(family)}
+
+
 def recipe_arguments(
-    preset: str, extra: Sequence[str] = (), family: str = "bert"
-) -> tuple[PretrainArguments, TrainingArguments]:
-    """`egbert pretrain`'s options under the family's recipe (files and folders left blank)."""
-    argv = ["--model", family, "--tokenizer", "", "--train-files", "", "--output-dir", ""]
-    argv += ["--preset", preset, *recipe_options(family), *extra]
-    return pretrain_run.parse_pretrain_args(argv)
-
-
-def recipe_options(family: str = "bert") -> list[str]:
-    """bert: EGBERT_RECIPE with EGBERT_MODEL as --config-overrides; gpt, elmo: FAMILY_RECIPE;
-    then the precision."""
-    options = [*EGBERT_RECIPE, *model_overrides()] if family == "bert" else FAMILY_RECIPE
-    return [*options, *precision_flags()]
+    preset: str, changes: dict[str, Any] | None = None, family: str = "bert"
+) -> tuple[egbert.PretrainArguments, egbert.TrainingArguments]:
+    """`egbert.run_pretraining`'s options under the family's recipe with `changes` over it, as
+    it resolves them (files and folders left blank)."""
+    blank = {"model": family, "tokenizer": "", "train_files": [], "output_dir": ""}
+    options = {**blank, "preset": preset, **recipe_options(family), **(changes or {})}
+    types = (egbert.PretrainArguments, egbert.TrainingArguments)
+    return egbert.arguments_from_options(types, options, egbert.FAMILY_DEFAULTS.get(family))
 
 
 @functools.cache
-def precision_flags() -> tuple[str, ...]:
+def use_bf16() -> bool:
     """bf16 autocast for every run, the stock one and fine-tuning included, where it is faster
     than fp32 on this machine (CPUs without native bf16 run it hundreds of times slower)."""
-    return ("--bf16",) if bf16_pays_off(quickstart.training_device()) else ()
-
-
-def model_overrides(changed: dict[str, Any] | None = None) -> list[str]:
-    """--config-overrides for EGBERT_MODEL with the `changed` fields set instead."""
-    fields = EGBERT_MODEL | (changed or {})
-    return ["--config-overrides", ",".join(f"{k}={str(v).lower()}" for k, v in fields.items())]
+    return egbert.bf16_pays_off(egbert.training_device())
 
 
 def recipe_value(candidate: Candidate, preset: str) -> Any:
@@ -262,15 +202,15 @@ def recipe_value(candidate: Candidate, preset: str) -> Any:
     pretrain_args, training_args = recipe_arguments(preset)
     name = candidate.fields[0]
     if candidate.in_model_config:
-        config = EgbertBertConfig(**load_preset("bert", pretrain_args.preset))
-        apply_config_overrides(config, pretrain_args.config_overrides)
+        config = egbert.CONFIG_CLASSES["bert"](**egbert.load_preset("bert", preset))
+        egbert.apply_config_overrides(config, pretrain_args.config_overrides)
         return getattr(config, name)
     return getattr(pretrain_args if hasattr(pretrain_args, name) else training_args, name)
 
 
 def plan_ablation(name: str, preset: str) -> dict[str, Any]:
     """How candidate `name` flips egbert's recipe: the row label, both settings as the tables
-    show them, and the options of `egbert pretrain` that do it."""
+    show them, and the options of `egbert.run_pretraining` that do it."""
     candidate = CANDIDATES[name]
     recipe = recipe_value(candidate, preset)
     value = candidate.flipped(recipe)
@@ -278,18 +218,20 @@ def plan_ablation(name: str, preset: str) -> dict[str, Any]:
         "label": f"{EGBERT}, {candidate.label(value)}",
         "recipe": candidate.label(recipe),
         "setting": candidate.label(value),
-        "flags": ablation_flags(name, value),
+        "options": ablation_options(name, value, preset),
     }
 
 
-def ablation_flags(name: str, value: Any) -> list[str]:
-    """Options of `egbert pretrain` that set the candidate's fields to `value` (they come after
-    the recipe's, so they win; model config fields go into a whole new --config-overrides)."""
+def ablation_options(name: str, value: Any, preset: str) -> dict[str, Any]:
+    """Options that set the candidate's fields to `value` over the recipe's (model config
+    fields: the recipe's config_overrides with those fields changed)."""
     candidate = CANDIDATES[name]
-    if candidate.in_model_config:
-        return model_overrides(dict.fromkeys(candidate.fields, value))
-    options = [f"--{field.replace('_', '-')}" for field in candidate.fields]
-    return [arg for option in options for arg in (option, str(value))]
+    if not candidate.in_model_config:
+        return dict.fromkeys(candidate.fields, value)
+    overrides = recipe_arguments(preset)[0].config_overrides
+    fields = dict(item.split("=") for item in overrides.split(",")) if overrides else {}
+    fields |= dict.fromkeys(candidate.fields, str(value).lower())
+    return {"config_overrides": ",".join(f"{field}={text}" for field, text in fields.items())}
 
 
 # ---------------------------------------------------------------- pretraining
@@ -334,12 +276,14 @@ def pretrain_stock(
         sys.executable, str(STOCK_SCRIPT), "--tokenizer", str(tokenizer_dir),
         "--train-files", *map(str, files), "--preset", preset, "--budget-minutes", str(budget),
         "--output-dir", str(run_dir), "--seed", str(SEED),
-        "--bf16" if precision_flags() else "--no-bf16",
+        "--bf16" if use_bf16() else "--no-bf16",
     ]  # fmt: skip
     print(f"  {STOCK}: {budget:g} min -> {run_dir}", flush=True)
     code = subprocess.run(command, check=False).returncode
     if code != 0 or not quickstart.is_finished(run_dir):
-        raise TrainingError(f"{STOCK_SCRIPT.name} failed (exit code {code}); see its output above")
+        raise egbert.TrainingError(
+            f"{STOCK_SCRIPT.name} failed (exit code {code}); see its output above"
+        )
     stamp_sitting(run_dir)
     return run_dir
 
@@ -351,25 +295,30 @@ def pretrain_egbert(
     files: Sequence[Path],
     preset: str,
     budget: float,
-    extra: Sequence[str] = (),
+    changes: dict[str, Any] | None = None,
     family: str = "bert",
 ) -> Path:
-    """Egbert's recipe for the family (with `extra` options last, so they win); resumes an
-    interrupted run."""
+    """Egbert's recipe for the family (with `changes` over it); resumes an interrupted run."""
     if quickstart.is_finished(run_dir):
         print(f"  {label}: reusing {run_dir}", flush=True)
         return run_dir
-    argv = [
-        "--model", family, "--preset", preset, "--tokenizer", str(tokenizer_dir),
-        "--train-files", *map(str, files), "--budget-minutes", str(budget),
-        "--seed", str(SEED), "--output-dir", str(run_dir),
-        "--save-every", "500", "--keep-checkpoints", "1",  # for resuming, not part of the recipe
-        *recipe_options(family), *extra,
-    ]  # fmt: skip
-    if (run_dir / "checkpoints").is_dir():
-        argv.append("--resume")
     print(f"  {label}: {budget:g} min -> {run_dir}", flush=True)
-    pretrain_run.main(argv)
+    result = egbert.run_pretraining(
+        model=family,
+        preset=preset,
+        tokenizer=str(tokenizer_dir),
+        train_files=[str(path) for path in files],
+        budget_minutes=budget,
+        seed=SEED,
+        output_dir=str(run_dir),
+        # for resuming, not part of the recipe
+        save_every=500,
+        keep_checkpoints=1,
+        resume=(run_dir / "checkpoints").is_dir(),
+        **{**recipe_options(family), **(changes or {})},
+    )
+    if result.interrupted:
+        raise quickstart.Stopped
     stamp_sitting(run_dir)
     return run_dir
 
@@ -381,10 +330,10 @@ def save_scratch(
     if quickstart.is_finished(run_dir):
         print(f"  {label}: reusing {run_dir}", flush=True)
         return run_dir
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = egbert.load_tokenizer(tokenizer_dir)
     pretrain_args, _ = recipe_arguments(preset, family=family)
     set_seed(SEED)
-    model, _ = pretrain_run.build_model(pretrain_args, tokenizer)
+    model, _ = egbert.build_model(pretrain_args, tokenizer)
     return quickstart.save_untrained(model, tokenizer, run_dir)
 
 
@@ -399,26 +348,16 @@ def finetune(
     max_train_samples: int | None,
     seed: int = SEED,
 ) -> float:
-    """One model on one task with FINETUNE_FLAGS; returns its GLUE score (a finished run is
-    reused, an interrupted one resumed)."""
-    results = run_dir / "eval_results.json"
-    if results.is_file():
-        check_finetune_options(results, finetune_options(model_dir))
+    """One model on one task with quickstart's fine-tuning; returns its GLUE score (a finished
+    run made with the same head and lr is reused, an interrupted one resumed)."""
+    options = quickstart.finetune_options(model_dir, task, HEAD, seed, glue_dir, use_bf16())
+    options["epochs"] = SST2_EPOCHS if task == "sst2" else FINETUNE_EPOCHS
+    options["max_train_samples"] = max_train_samples
+    results, trained = quickstart.finetune_once(run_dir, **options)
+    if not trained:
+        check_finetune_options(run_dir, results, options)
         print(f"    reusing {run_dir}", flush=True)
-    else:
-        epochs = SST2_EPOCHS if task == "sst2" else FINETUNE_EPOCHS
-        argv = ["--task", task, "--model", str(model_dir), "--output-dir", str(run_dir)]
-        argv += ["--data-dir", str(glue_dir), "--epochs", str(epochs), *FINETUNE_FLAGS]
-        argv += ["--seed", str(seed)]
-        argv += precision_flags()
-        argv += dropout_overrides(model_dir)
-        argv += option_flags(finetune_options(model_dir))
-        if max_train_samples:
-            argv += ["--max-train-samples", str(max_train_samples)]
-        if (run_dir / "checkpoints").is_dir():
-            argv.append("--resume")
-        finetune_run.main(argv)
-    return json.loads(results.read_text(encoding="utf-8"))["score"]
+    return results["score"]
 
 
 def finetune_dir(output_dir: Path, model_dir: Path, task: str, seed: int) -> Path:
@@ -428,43 +367,16 @@ def finetune_dir(output_dir: Path, model_dir: Path, task: str, seed: int) -> Pat
     return output_dir / "finetune" / model_dir.name / name
 
 
-def model_config(model_dir: Path) -> dict[str, Any]:
-    return read_model_config(model_dir)
-
-
-def dropout_overrides(model_dir: Path) -> list[str]:
-    """--config-overrides setting FINETUNE_DROPOUT on the dropout fields the model's config has
-    (egbert's bert pretrains without dropout; elmo has no attention dropout)."""
-    config = model_config(model_dir)
-    fields = [field for field in DROPOUT_FIELDS if field in config]
-    return ["--config-overrides", ",".join(f"{field}={FINETUNE_DROPOUT}" for field in fields)]
-
-
-def finetune_options(model_dir: Path) -> dict[str, Any]:
-    """The head and lr this model is fine-tuned with (FINETUNE_BY_TYPE over FINETUNE_DEFAULTS)."""
-    return FINETUNE_DEFAULTS | FINETUNE_BY_TYPE.get(model_config(model_dir)["model_type"], {})
-
-
-def option_flags(options: dict[str, Any]) -> list[str]:
-    """{"pool": "mean", "layer_norm": True} -> ["--pool=mean", "--layer-norm"]."""
-    flags = []
-    for name, value in options.items():
-        flag = f"--{name.replace('_', '-')}"
-        if value is True:
-            flags.append(flag)
-        elif value is not False:
-            flags.append(f"{flag}={value}")
-    return flags
-
-
-def check_finetune_options(results: Path, wanted: dict[str, Any]) -> None:
-    """Refuse to reuse a fine-tuning made with another head or lr (an option it did not record
-    was `egbert finetune`'s default then, which FINETUNE_DEFAULTS matches)."""
-    options = json.loads(results.read_text(encoding="utf-8")).get("options", {})
-    used = {name: options.get(name, FINETUNE_DEFAULTS[name]) for name in wanted}
+def check_finetune_options(run_dir: Path, results: dict[str, Any], options: dict[str, Any]) -> None:
+    """Refuse to reuse a fine-tuning made with another head or lr (CHECKED_OPTIONS; an option
+    that neither names is `egbert finetune`'s default)."""
+    defaults = {field.name: field.default for field in dataclasses.fields(egbert.FinetuneArguments)}
+    recorded = results.get("options", {})
+    used = {name: recorded.get(name, defaults.get(name)) for name in CHECKED_OPTIONS}
+    wanted = {name: options.get(name, defaults.get(name)) for name in CHECKED_OPTIONS}
     if used != wanted:
-        raise ConfigError(
-            f"{results.parent} was fine-tuned with {used}, the comparison now uses {wanted}; "
+        raise egbert.ConfigError(
+            f"{run_dir} was fine-tuned with {used}, the comparison now uses {wanted}; "
             "pass another --output-dir, or delete that folder to fine-tune it again"
         )
 
@@ -533,14 +445,16 @@ def pretraining_table(summaries: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def seed_table(seed_scores: dict[str, dict[str, list[float]]], seeds: Sequence[int]) -> str:
+def seed_table(
+    seed_scores: dict[str, dict[str, list[float]]], seeds: Sequence[int], tasks: Sequence[str]
+) -> str:
     """Markdown: each model's task average per fine-tuning seed, their mean and their range."""
     header = "| model | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean | range |"
     lines = [header, "|---|" + "---:|" * (len(seeds) + 2)]
     for label, by_task in seed_scores.items():
         # zip(*...) turns {task: [score per seed]} into one (score per task) tuple per seed
         averages = [
-            100 * glue_score(dict(zip(by_task, seed_run, strict=True)))
+            100 * quickstart.average(dict(zip(by_task, seed_run, strict=True)), tasks)
             for seed_run in zip(*by_task.values(), strict=True)
         ]
         cells = [f"{average:.1f}" for average in averages]
@@ -606,7 +520,7 @@ def pretrain_all(
         ablation = ablations[name] = plan_ablation(name, args.preset)
         run_dir = pretrain_dir / f"{EGBERT}-ablate-{name}"
         label = ablation["label"]
-        run_dirs[label] = pretrain_egbert(label, run_dir, *shared, extra=ablation["flags"])
+        run_dirs[label] = pretrain_egbert(label, run_dir, *shared, changes=ablation["options"])
     for family in args.families:
         run_dirs[family] = pretrain_egbert(family, pretrain_dir / family, *shared, family=family)
     return run_dirs, ablations
@@ -631,9 +545,12 @@ def models_to_finetune(
 def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
     """Tokenizer -> pretraining -> fine-tuning -> results; returns the report it writes."""
     start = time.perf_counter()
-    data, files = find_corpus(args.data)
-    tasks = quickstart.resolve_tasks(args.tasks or DEFAULT_TASKS, data)
+    data = quickstart.find_data(args.data)
+    files, _ = quickstart.corpus_files(data)
+    tasks = quickstart.resolve_tasks(args.tasks or DEFAULT_TASKS, data / "glue")
     output_dir = args.output_dir
+    recipes = {"egbert_recipe": recipe_record()}
+    recipes["family_recipe"] = {family: recipe_record(family) for family in FAMILIES}
     check_options(
         output_dir,
         {
@@ -641,12 +558,12 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
             "budget_minutes": args.budget_minutes,
             "vocab_size": args.vocab_size,
             "max_train_samples": args.max_train_samples,
-            "egbert_recipe": recipe_options(),
-            "family_recipe": recipe_options("gpt"),
+            **recipes,
         },
     )
     print(f"[1/4] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
-    tokenizer_dir = prepare_tokenizer(output_dir, files, args.vocab_size)
+    quickstart.prepare_tokenizer(output_dir, files, args.vocab_size, encoding_errors="replace")
+    tokenizer_dir = output_dir / "tokenizer"
 
     families = ", ".join(["bert", *args.families])
     print(
@@ -678,18 +595,17 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         label: {task: sum(per_seed) / len(per_seed) for task, per_seed in by_task.items()}
         for label, by_task in seed_scores.items()
     }
-    averages = {label: glue_score(by_task) for label, by_task in scores.items()}
-    tables = [quickstart.results_table(scores, tasks)]
+    averages = {label: quickstart.average(by_task, tasks) for label, by_task in scores.items()}
+    tables = [quickstart.score_table(scores, tasks)]
     if len(seeds) > 1:
-        tables.append(seed_table(seed_scores, seeds))
+        tables.append(seed_table(seed_scores, seeds, tasks))
     if ablations:
         tables.append(ablation_table(ablations, averages))
     report = {
         "preset": args.preset,
         "budget_minutes": args.budget_minutes,
         "tasks": tasks,
-        "egbert_recipe": recipe_options(),
-        "family_recipe": recipe_options("gpt"),
+        **recipes,
         "finetune_seeds": seeds,
         "scores": scores,
         "seed_scores": seed_scores,
@@ -767,14 +683,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    quickstart.check_scale_args(args)
     unknown = [name for name in args.ablate if name not in CANDIDATES]
     if unknown:
-        raise ConfigError(
+        raise egbert.ConfigError(
             f"--ablate {', '.join(unknown)}: unknown candidate; use any of {', '.join(CANDIDATES)}"
         )
     if len(set(args.finetune_seeds)) < len(args.finetune_seeds):
-        raise ConfigError(f"--finetune-seeds {args.finetune_seeds}: name each seed once")
+        raise egbert.ConfigError(f"--finetune-seeds {args.finetune_seeds}: name each seed once")
+    # The jobs' own checks of --budget-minutes and --max-train-samples, before any work.
+    recipe_arguments(args.preset, {"budget_minutes": args.budget_minutes})
+    egbert.FinetuneArguments(model="", max_train_samples=args.max_train_samples)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -783,7 +701,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         check_args(args)
         return run_comparison(args)
-    except EgbertError as error:
+    except quickstart.Stopped:
+        print(f"{parser.prog}: stopped; run the same command again to go on from there")
+        return {}
+    except egbert.EgbertError as error:
         parser.exit(1, f"{parser.prog}: error: {error}\n")
 
 

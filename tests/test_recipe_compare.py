@@ -15,6 +15,7 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
 
+from egbert import ConfigError
 from egbert.pretrain.run import build_model
 from egbert.tokenizer import load_tokenizer
 
@@ -83,11 +84,19 @@ def test_the_table_has_a_finite_number_for_every_model_and_task(finished_run: Pa
         assert summary["finished_utc"].startswith(today)
     nsp = recipe_compare.recipe_arguments("tiny")[0].nsp
     assert report["pretraining"]["egbert"]["loss"] == ("MLM + NSP" if nsp else "MLM")
-    # egbert's model config fields hold while pretraining; fine-tuning gets BERT's dropout back.
+    # egbert's model config fields hold while pretraining (the recipe: heads that start on their
+    # neighbours, no dropout); fine-tuning gets BERT's dropout back.
     pretrained = json.loads(
         (finished_run / "pretrain" / "egbert" / "model" / "config.json").read_text()
     )
-    assert recipe_compare.EGBERT_MODEL.items() <= pretrained.items()
+    recipe_model = {
+        field: recipe_compare.recipe_value(candidate, "tiny")
+        for candidate in recipe_compare.CANDIDATES.values()
+        if candidate.in_model_config
+        for field in candidate.fields
+    }
+    assert recipe_model.items() <= pretrained.items()
+    assert pretrained["local_attention_init"] and pretrained["hidden_dropout_prob"] == 0.0
     for row in ROWS:
         finetuned = json.loads(
             (finished_run / "finetune" / row / "rte" / "model" / "config.json").read_text()
@@ -98,9 +107,10 @@ def test_the_table_has_a_finite_number_for_every_model_and_task(finished_run: Pa
     config = json.loads((stock / "model" / "config.json").read_text())
     assert config["architectures"] == ["BertForMaskedLM"]
     # Both recipes and the fine-tuning use bf16 only where it is faster than fp32 here.
-    bf16 = bool(recipe_compare.precision_flags())
+    bf16 = recipe_compare.use_bf16()
     assert json.loads((stock / "recipe.json").read_text())["bf16"] == bf16
-    assert ("--bf16" in report["egbert_recipe"]) == bf16 == ("--bf16" in report["family_recipe"])
+    assert report["egbert_recipe"]["bf16"] == bf16
+    assert [recipe["bf16"] for recipe in report["family_recipe"].values()] == [bf16, bf16]
 
 
 def test_a_rerun_reuses_every_finished_step(
@@ -200,7 +210,7 @@ def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path,
     # A fine-tuning made with another head is not reused as elmo's, and is left as it was.
     bert_rte = finished_run / "finetune" / "egbert" / "rte"
     results = (bert_rte / "eval_results.json").read_bytes()
-    with pytest.raises(recipe_compare.ConfigError, match="fine-tuned with"):
+    with pytest.raises(ConfigError, match="fine-tuned with"):
         recipe_compare.finetune(
             finished_run / "pretrain" / "elmo", "rte", bert_rte, micro_data / "glue", 24
         )
@@ -208,13 +218,17 @@ def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path,
 
 
 def test_a_folder_made_with_another_family_recipe_is_refused_and_kept(tmp_path: Path):
-    """Folders written before elmo's blocks changed recorded `--seq-len 128` for the families."""
-    options = {"preset": "mini", "family_recipe": recipe_compare.recipe_options("elmo")}
+    """Folders written before elmo's blocks changed recorded 128-token blocks for elmo."""
+    recipes = {family: recipe_compare.recipe_record(family) for family in ("gpt", "elmo")}
+    options = {"preset": "mini", "family_recipe": recipes}
     recipe_compare.check_options(tmp_path, options)
     saved = tmp_path / "options.json"
-    older = {"preset": "mini", "family_recipe": [*options["family_recipe"], "--seq-len", "128"]}
+    older = {
+        "preset": "mini",
+        "family_recipe": recipes | {"elmo": {**recipes["elmo"], "seq_len": 128}},
+    }
     saved.write_text(json.dumps(older))
-    with pytest.raises(recipe_compare.ConfigError, match="holds runs made with other options"):
+    with pytest.raises(ConfigError, match="holds runs made with other options"):
         recipe_compare.check_options(tmp_path, options)
     assert json.loads(saved.read_text()) == older
 
@@ -227,7 +241,7 @@ def test_each_ablation_flips_one_choice_of_the_recipe(name: str, tiny_tokenizer_
     assert ablation["label"] == f"egbert, {ablation['setting']}"
 
     recipe = recipe_compare.recipe_arguments("tiny")
-    flipped = recipe_compare.recipe_arguments("tiny", ablation["flags"])
+    flipped = recipe_compare.recipe_arguments("tiny", ablation["options"])
     if candidate.in_model_config:
         tokenizer = load_tokenizer(tiny_tokenizer_dir)
         configs = [build_model(args[0], tokenizer)[0].config for args in (recipe, flipped)]
