@@ -18,17 +18,26 @@ import importlib
 from typing import Any
 
 from egbert import models  # noqa: F401  (registers the Auto classes)
+
+# Imported now, not on first use: `embed` is also a submodule's name, which an import of that
+# submodule would bind here instead of the function.
+from egbert.embed import TokenEmbeddings, embed, load_model
 from egbert.errors import CheckpointError, ConfigError, DataError, EgbertError, TrainingError
 
 __version__ = "0.1.0"
 
 # name -> the module that defines it
 _EXPORTS = {
-    "egbert.pretrain.run": ["run_pretraining", "build_model", "CONFIG_CLASSES", "FAMILY_DEFAULTS"],
+    "egbert.pretrain.run": [
+        "run_pretraining",
+        "pretrain_arguments",
+        "build_model",
+        "CONFIG_CLASSES",
+        "FAMILY_DEFAULTS",
+    ],
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
     "egbert.quickstart": ["run_quickstart"],
     "egbert.evaluation": ["run_probe", "run_prompt_eval"],
-    "egbert.embed": ["embed", "load_model", "TokenEmbeddings"],
     "egbert.tokenizer": ["train_tokenizer", "load_tokenizer"],
     "egbert.config": [
         "TrainingArguments",
@@ -37,7 +46,6 @@ _EXPORTS = {
         "load_preset",
         "available_presets",
         "apply_config_overrides",
-        "arguments_from_options",
         "parse_args",
     ],
     "egbert.trainer": ["Trainer", "TrainOutput"],
@@ -65,6 +73,9 @@ _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in nam
 _SUBMODULES = ["quickstart"]
 
 __all__ = [
+    "TokenEmbeddings",
+    "embed",
+    "load_model",
     "CheckpointError",
     "ConfigError",
     "DataError",

@@ -38,7 +38,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase, set_seed
 
-from egbert.config import MODEL_FAMILIES, PretrainArguments, arguments_from_options, parse_args
+from egbert.config import MODEL_FAMILIES, arguments_from_options, parse_args
 from egbert.errors import ConfigError, DataError
 from egbert.evaluation import probe, prompting
 from egbert.finetune import run as finetune_run
@@ -315,11 +315,13 @@ def save_untrained(model, tokenizer, run_dir: Path) -> Path:
 
 
 def save_twin(family: str, preset: str, seed: int, tokenizer, run_dir: Path) -> Path:
-    """The family's model at the preset with its random initial weights (pretraining's seed)."""
+    """The family's model as `egbert pretrain` starts it (the preset with the family's defaults,
+    pretraining's seed): its random initial weights."""
     if is_finished(run_dir):
         return run_dir
     set_seed(seed)
-    args = PretrainArguments(model=family, tokenizer="", train_files=[], preset=preset)
+    blank = {"tokenizer": "", "train_files": [], "output_dir": ""}
+    args, _ = pretrain_run.pretrain_arguments(model=family, preset=preset, **blank)
     model, _ = pretrain_run.build_model(args, tokenizer)
     return save_untrained(model, tokenizer, run_dir)
 

@@ -73,13 +73,30 @@ def bf16_pays_off(device: str) -> bool:
     """Whether bf16 autocast makes training faster on this device.
 
     CPUs without native bf16 instructions (AVX512-BF16 or AMX; e.g. AVX2-only AMD EPYC) emulate
-    bf16 matmuls hundreds of times slower than fp32, so on a CPU this is measured, not assumed.
+    bf16 matmuls hundreds of times slower than fp32. On Linux the CPU's flags say which it is;
+    elsewhere a matmul is timed (on a busy machine that can answer either way).
     """
     if device == "cuda":
         return torch.cuda.is_bf16_supported()
     if device != "cpu":
         return True  # other accelerators: trust the user's --bf16
+    flags = cpu_flags()
+    if flags:
+        return bool({"avx512_bf16", "amx_bf16"} & flags)
     return matmul_gflops("cpu", torch.bfloat16) > matmul_gflops("cpu", torch.float32)
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
 
 
 def slow_bf16_warning(device: str) -> str | None:

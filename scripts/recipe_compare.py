@@ -185,9 +185,9 @@ def recipe_arguments(
     """`egbert.run_pretraining`'s options under the family's recipe with `changes` over it, as
     it resolves them (files and folders left blank)."""
     blank = {"model": family, "tokenizer": "", "train_files": [], "output_dir": ""}
-    options = {**blank, "preset": preset, **recipe_options(family), **(changes or {})}
-    types = (egbert.PretrainArguments, egbert.TrainingArguments)
-    return egbert.arguments_from_options(types, options, egbert.FAMILY_DEFAULTS.get(family))
+    return egbert.pretrain_arguments(
+        **blank, preset=preset, **recipe_options(family), **(changes or {})
+    )
 
 
 @functools.cache

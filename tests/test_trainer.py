@@ -286,8 +286,21 @@ def test_bf16_warns_where_it_is_slower_than_fp32(tmp_path, capsys):
     warned = "bf16 is slower than fp32" in capsys.readouterr().out
     bf16, fp32 = (matmul_gflops("cpu", dtype) for dtype in (torch.bfloat16, torch.float32))
     assert math.isfinite(bf16) and math.isfinite(fp32) and bf16 > 0 and fp32 > 0
-    assert bf16_pays_off("cpu") == (bf16 > fp32)
-    assert warned == (bf16 <= fp32)
+    assert warned == (not bf16_pays_off("cpu"))
+
+
+def test_bf16_pays_off_where_the_cpu_has_bf16_instructions(monkeypatch):
+    from egbert import runtime
+
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert not bf16_pays_off("cpu")
+    for native in ("avx512_bf16", "amx_bf16"):
+        monkeypatch.setattr(runtime, "cpu_flags", lambda native=native: frozenset({native}))
+        assert bf16_pays_off("cpu")
+    # without flags to read (not Linux), a timed matmul decides
+    monkeypatch.setattr(runtime, "cpu_flags", frozenset)
+    timed = matmul_gflops("cpu", torch.bfloat16) > matmul_gflops("cpu", torch.float32)
+    assert bf16_pays_off("cpu") == timed
 
 
 def test_grad_accumulation_equals_the_larger_batch(tmp_path):

@@ -107,11 +107,16 @@ def run_pretraining(**options: Any) -> TrainOutput:
     """`egbert pretrain` from Python: the keyword arguments are the command's options
     (PretrainArguments and TrainingArguments fields, e.g. model="gpt", train_files=[...],
     output_dir="runs/gpt", max_steps=1000), with the same family defaults under them."""
+    return pretrain(*pretrain_arguments(**options))
+
+
+def pretrain_arguments(**options: Any) -> tuple[PretrainArguments, TrainingArguments]:
+    """The options of `run_pretraining` as its dataclasses, the family's defaults
+    (FAMILY_DEFAULTS) under them."""
     defaults = dict(FAMILY_DEFAULTS.get(options.get("model"), {}))
     if options.get("init_from"):  # a model from --init-from keeps its own config
         defaults.pop("config_overrides", None)
-    types = (PretrainArguments, TrainingArguments)
-    return pretrain(*arguments_from_options(types, options, defaults))
+    return arguments_from_options((PretrainArguments, TrainingArguments), options, defaults)
 
 
 def parse_pretrain_args(argv: list[str] | None) -> tuple[PretrainArguments, TrainingArguments]:
