@@ -38,6 +38,7 @@ _EXPORTS = {
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
     "egbert.quickstart": ["run_quickstart"],
     "egbert.evaluation": ["run_probe", "run_prompt_eval"],
+    "egbert.push": ["push_to_hub"],
     "egbert.tokenizer": ["train_tokenizer", "load_tokenizer"],
     "egbert.config": [
         "TrainingArguments",

@@ -185,9 +185,8 @@ def recipe_arguments(
     """`egbert.run_pretraining`'s options under the family's recipe with `changes` over it, as
     it resolves them (files and folders left blank)."""
     blank = {"model": family, "tokenizer": "", "train_files": [], "output_dir": ""}
-    return egbert.pretrain_arguments(
-        **blank, preset=preset, **recipe_options(family), **(changes or {})
-    )
+    options = {**blank, "preset": preset, **recipe_options(family), **(changes or {})}
+    return egbert.pretrain_arguments(**options)
 
 
 @functools.cache
