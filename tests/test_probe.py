@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from egbert.cli import main as cli_main
 from egbert.embed import load_model
 from egbert.evaluation import run_probe
-from egbert.evaluation.probe import fit_probe, sentence_vectors
+from egbert.evaluation.probe import fit_probe, sentence_vectors, task_vectors
 from egbert.finetune.metrics import compute_task_metrics
 from egbert.finetune.tasks import get_task
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
@@ -131,6 +131,18 @@ def test_all_mean_averages_every_layer_and_last_takes_the_top(family_dirs):
     last = sentence_vectors(model, tokenizer, TEXTS[:1], "last", "cls", 4)[0]
     torch.testing.assert_close(torch.from_numpy(all_mean), torch.stack(states).mean((0, 2))[0])
     torch.testing.assert_close(torch.from_numpy(last), states[-1][0, 0])
+
+
+def test_a_pair_is_senteval_features_of_its_sentences_encoded_apart(family_dirs):
+    model, tokenizer = load_model(family_dirs["bert"], "cpu")
+    pairs = {"sentence1": [TEXTS[0], TEXTS[1]], "sentence2": [TEXTS[1], TEXTS[0]]}
+    vectors = task_vectors(get_task("stsb"), pairs, model, tokenizer, "last", "mean", 2)
+    u = sentence_vectors(model, tokenizer, pairs["sentence1"], "last", "mean", 2)
+    v = sentence_vectors(model, tokenizer, pairs["sentence2"], "last", "mean", 2)
+    np.testing.assert_allclose(vectors, np.concatenate([u, v, np.abs(u - v), u * v], axis=1))
+    # swapped sentences: the same |u - v| and u * v
+    size = u.shape[1]
+    np.testing.assert_allclose(vectors[0, 2 * size :], vectors[1, 2 * size :], rtol=1e-6)
 
 
 def write_sst2_like(folder: Path, labelled_by_word: bool, seed: int) -> Path:

@@ -131,10 +131,13 @@ def test_the_budget_allots_each_run_its_share_less_the_measured_costs(tmp_path: 
     saved = json.loads((tmp_path / "plan.json").read_text())
     assert saved["allotted_minutes"]["finetune/stsb"] == pytest.approx(50 / 60, abs=1e-4)
     assert 0 <= saved["spent_seconds"] < 60
-    # a second fine-tuning seed only where each run would still train long enough
-    long = Budget(Plan(options={}, bf16=False), tmp_path / "long.json", minutes=60)
-    assert quickstart.choose_seeds(5, 42, long) == [42, 43]
-    assert quickstart.choose_seeds(5, 42, budget) == [42]
+
+
+def test_each_seed_is_averaged_over_the_tasks_every_seed_ran():
+    runs = {"rte": {42: 0.5, 43: 0.7, 44: 0.6}, "stsb": {42: 0.1, 43: 0.3}, "wnli": {42: 0.56}}
+    # wnli is not averaged; seed 44 did not run on stsb
+    averages = quickstart.seed_averages(runs, ["rte", "stsb", "wnli"])
+    assert averages == pytest.approx([0.3, 0.5])
 
 
 def test_missing_data_says_how_to_point_at_it(tmp_path: Path):

@@ -15,6 +15,8 @@ loads; the vectors come from `egbert.embed.embed` (no grad, batched by length).
   define it: BERT's first token ([CLS], its hidden state, not the NSP pooler), GPT's last real
   token (the only one that has read the whole input), ELMo's forward state at the last token next
   to its backward state at the first. Each layer is pooled before the layers are combined.
+- Pairs (MRPC, STS-B, RTE, ...): each sentence is encoded on its own and the pair becomes
+  SentEval's [u, v, |u - v|, u * v].
 - Classification: scikit-learn's LogisticRegression on standardized vectors; its inverse
   regularization strength C is chosen from C_GRID by the task's own GLUE score on a held-out
   fifth of the training vectors (stratified), then refit on all of them. One split rather than
@@ -140,9 +142,26 @@ def sentence_vectors(
     return ends.reshape(len(items), -1)
 
 
-def task_inputs(task: Task, dataset) -> list[str | tuple[str, str]]:
+def task_vectors(
+    task: Task,
+    dataset,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    features: str,
+    pool: str,
+    batch_size: int,
+) -> np.ndarray:
+    """One vector per example: its sentence's, or for a pair (u, v) of sentences, each encoded
+    on its own, SentEval's [u, v, |u - v|, u * v] (the relation of the two is what pair tasks
+    ask about, and a linear probe cannot form products of one joint vector's parts)."""
     columns = [list(dataset[name]) for name in task.text_columns]
-    return list(columns[0]) if len(columns) == 1 else list(zip(*columns, strict=True))
+    vectors = [
+        sentence_vectors(model, tokenizer, column, features, pool, batch_size) for column in columns
+    ]
+    if len(vectors) == 1:
+        return vectors[0]
+    u, v = vectors
+    return np.concatenate([u, v, np.abs(u - v), u * v], axis=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,16 +260,12 @@ def probe_task(
     train = read_glue_split(task, "train", data_dir)
     train = train.select(sample_indices(len(train), max_train_samples, np.random.default_rng(seed)))
     labels = np.asarray(train["label"])
-    vectors = sentence_vectors(
-        model, tokenizer, task_inputs(task, train), features, pool, batch_size
-    )
+    vectors = task_vectors(task, train, model, tokenizer, features, pool, batch_size)
     probe, regularization = fit_probe(task, vectors, labels, seed)
     metrics, dev_labels = {}, []
     for split in present_eval_splits(task, data_dir):
         dev = read_glue_split(task, split, data_dir)
-        dev_vectors = sentence_vectors(
-            model, tokenizer, task_inputs(task, dev), features, pool, batch_size
-        )
+        dev_vectors = task_vectors(task, dev, model, tokenizer, features, pool, batch_size)
         metrics[split] = scored(task, probe.predict(dev_vectors), dev["label"])
         dev_labels += list(dev["label"])
     return {
