@@ -6,8 +6,10 @@
 # 1. the whole test suite with the GPU visible (pytest -n 8 where pytest-xdist is installed);
 # 2. `egbert quickstart --budget-minutes 3`: it must end within 20% of its budget and write its
 #    tables;
-# 3. scripts/resume_check.py: pretrain, SIGKILL and resume each family on the GPU; the resumed
-#    weights must equal the checkpoint's, every tensor of them;
+# 3. scripts/resume_check.py, beside the suite: pretrain, SIGKILL and resume each family on the GPU
+#    (the resumed weights must equal the checkpoint's, every tensor of them), then the same through
+#    `accelerate launch` with configs/accelerate/ddp.yaml (every family) and fsdp.yaml (bert, gpt:
+#    sharded checkpoints, gathered final model), one process each;
 # 4. with --bench, also the compiled base-preset bench rows of bert and gpt (about 5 minutes more).
 # It prints one summary table (also OUTPUT_DIR/summary.md) and exits 1 if any check failed.
 # EGBERT_DATA must point at the shared data; GPU_CHECK_ALLOW_CPU=1 runs it on a CPU (to try the
@@ -36,6 +38,18 @@ record() {  # check, ok (0/1), detail
     rows+=("| $1 | $verdict | $3 |")
 }
 
+# 3. kill and resume, started first: it runs beside the suite
+resume() {  # engine, port, families...
+    local engine=$1 port=$2
+    shift 2
+    $python scripts/resume_check.py --engine "$engine" --port "$port" --families "$@" \
+        --output-dir "$out/resume-$engine" >"$out/resume-$engine.log" 2>&1
+    echo $? >"$out/resume-$engine.code"
+}
+rm -rf "$out"/resume-*
+(resume plain 0 bert gpt elmo; resume ddp 29561 bert gpt elmo; resume fsdp 29562 bert gpt) &
+resume_job=$!
+
 # 1. the test suite
 parallel=()
 if $python -c "import xdist" 2>/dev/null; then parallel=(-n 8); fi
@@ -56,10 +70,19 @@ tables=$([ -s "$out/quickstart/results.md" ] && echo 1 || echo 0)
 record "quickstart --budget-minutes 3" "$(( code != 0 || within != 1 || tables != 1 ))" \
     "exit $code, ${wall} s of 180 (144-216 allowed), results.md $([ "$tables" = 1 ] && echo written || echo missing)"
 
-# 3. kill and resume of each family
-$python scripts/resume_check.py --output-dir "$out/resume" >"$out/resume.log" 2>&1
-code=$?
-record "pretrain, SIGKILL, resume (bert, gpt, elmo)" "$code" "$(grep -cE '\| ok \|$' "$out/resume.log") of 3 families: resumed weights equal the checkpoint's ($out/resume.log)"
+# 3. kill and resume (started above)
+wait $resume_job
+declare -A expected=([plain]=NO [ddp]=MULTI_GPU [fsdp]=FSDP)
+for engine in plain ddp fsdp; do
+    log="$out/resume-$engine.log"
+    code=$(cat "$out/resume-$engine.code" 2>/dev/null || echo 1)
+    rows=$(grep -E '^\| (bert|gpt|elmo) \|' "$log")
+    seen=$(cut -d'|' -f3 <<<"$rows" | tr -d ' ' | sort -u | paste -sd, -)
+    # on a GPU the run must have used the engine asked for (a CPU try runs them as MULTI_CPU)
+    if [ "$device" != cpu ] && [ "$seen" != "${expected[$engine]}" ]; then code=1; fi
+    record "pretrain, SIGKILL, resume: $engine" "$code" \
+        "$(grep -c '| ok |$' <<<"$rows") of $(grep -c . <<<"$rows") families ok, engine: ${seen:-?} ($log)"
+done
 
 # 4. the compiled base-preset bench rows
 if [ "$bench" = 1 ]; then

@@ -2,30 +2,41 @@
 exactly the checkpoint's weights, every tensor of them (part of scripts/gpu_check.sh: on a GPU,
 cuDNN keeps elmo's LSTM weights as views of one flat buffer, which once lost them on saving).
 
-    python scripts/resume_check.py [--families bert gpt elmo] [--output-dir runs/resume-check]
+    python scripts/resume_check.py [--families bert gpt elmo] [--engine plain|ddp|fsdp]
+                                   [--output-dir runs/resume-check]
 
 For each family: `egbert pretrain` (tiny preset, 40 steps, a checkpoint every 10) is killed with
 SIGKILL once checkpoint step-20 exists; `--resume --max-steps S` on the newest checkpoint S then
 loads it and saves it as the final model at once, which must hold the checkpoint's tensors
 exactly and every weight of the model; `--resume` again trains on to step 40. One table at the
 end; the exit code is 1 if any family failed.
+
+`--engine ddp` or `fsdp` starts each run through `accelerate launch` with
+configs/accelerate/ddp.yaml or fsdp.yaml and one process: the model is wrapped in DDP, or
+sharded by FSDP2 (its checkpoints sharded, the final model gathered), on a machine with one GPU.
+The table's engine column is what the trainer reported at start.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file
 
 import egbert
 
 STEPS, SAVE_EVERY, KILL_AFTER = 40, 10, 20
+ENGINE_CONFIGS = {"ddp": "configs/accelerate/ddp.yaml", "fsdp": "configs/accelerate/fsdp.yaml"}
 
 
 def corpus_and_tokenizer(data: Path, root: Path) -> tuple[Path, Path]:
@@ -42,9 +53,20 @@ def corpus_and_tokenizer(data: Path, root: Path) -> tuple[Path, Path]:
     return corpus, tokenizer_dir
 
 
-def pretrain_command(family: str, tokenizer: Path, corpus: Path, out: Path, *extra: str) -> list:
+def launcher(engine: str, port: int) -> list:
+    if engine == "plain":
+        return [sys.executable, "-m", "egbert.cli"]
     return [
-        sys.executable, "-m", "egbert.cli", "pretrain", "--model", family, "--preset", "tiny",
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", ENGINE_CONFIGS[engine],
+        "--num_processes", "1", "--main_process_port", str(port), "-m", "egbert.cli",
+    ]  # fmt: skip
+
+
+def pretrain_command(
+    launch: list, family: str, tokenizer: Path, corpus: Path, out: Path, *extra: str
+) -> list:
+    return [
+        *launch, "pretrain", "--model", family, "--preset", "tiny",
         "--tokenizer", str(tokenizer), "--train-files", str(corpus), "--doc-boundary", "wikitext",
         "--seq-len", "64", "--max-steps", str(STEPS), "--save-every", str(SAVE_EVERY),
         "--keep-checkpoints", "5", "--log-every", "5", "--seed", "0", "--report-to", "none",
@@ -61,6 +83,25 @@ def newest_checkpoint(out: Path) -> int:
     return max(steps, default=0)
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (torchrun starts its workers in sessions of their
+    own, so killing the launcher's process group would leave them training)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, queue = [], [pid]
+    while queue:
+        tree.append(queue.pop())
+        queue.extend(parents.get(tree[-1], []))
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+
+
 def kill_after_checkpoint(command: list, out: Path, log: Path) -> int:
     """Start the run, SIGKILL it once checkpoint KILL_AFTER exists; the newest checkpoint."""
     with log.open("w") as handle:
@@ -68,12 +109,32 @@ def kill_after_checkpoint(command: list, out: Path, log: Path) -> int:
         deadline = time.monotonic() + 600
         while newest_checkpoint(out) < KILL_AFTER:
             if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
+                kill_tree(process.pid)
                 raise RuntimeError(f"no checkpoint step-{KILL_AFTER}; see {log}")
             time.sleep(0.01)
-        process.send_signal(signal.SIGKILL)
+        kill_tree(process.pid)
         process.wait()
     return newest_checkpoint(out)
+
+
+def checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """The model's tensors in a checkpoint: model.safetensors, or FSDP's sharded folder."""
+    if (folder / "model.safetensors").is_file():
+        return load_file(folder / "model.safetensors")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as temp:
+        dcp_to_torch_save(folder / "pytorch_model_fsdp_0", Path(temp) / "model.pt")
+        state = torch.load(Path(temp) / "model.pt", weights_only=True)
+    return state.get("model", state)
+
+
+def engine_reported(log: Path) -> str:
+    """The distributed type the trainer reported at start (MULTI_GPU for DDP, FSDP, NO)."""
+    found = re.search(
+        r"egbert: training on \d+ process\(es\) \((\w+)", log.read_text(errors="replace")
+    )
+    return found.group(1) if found else "?"
 
 
 def run(command: list, log: Path) -> None:
@@ -83,13 +144,13 @@ def run(command: list, log: Path) -> None:
         raise RuntimeError(f"exit code {code}; see {log}")
 
 
-def check_family(family: str, tokenizer: Path, corpus: Path, root: Path) -> dict:
+def check_family(family: str, launch: list, tokenizer: Path, corpus: Path, root: Path) -> dict:
     out = root / family
-    command = pretrain_command(family, tokenizer, corpus, out)
+    command = pretrain_command(launch, family, tokenizer, corpus, out)
     killed_at = kill_after_checkpoint(command, out, root / f"{family}-killed.log")
     run([*command[:-2], "--max-steps", str(killed_at), *command[-2:], "--resume"],
         root / f"{family}-reload.log")  # fmt: skip
-    saved = load_file(out / "checkpoints" / f"step-{killed_at}" / "model.safetensors")
+    saved = checkpoint_tensors(out / "checkpoints" / f"step-{killed_at}")
     reloaded = load_file(out / "model" / "model.safetensors")
     arguments = egbert.PretrainArguments(model=family, tokenizer="", train_files=[], preset="tiny")
     model, _ = egbert.build_model(arguments, egbert.load_tokenizer(tokenizer))
@@ -99,12 +160,15 @@ def check_family(family: str, tokenizer: Path, corpus: Path, root: Path) -> dict
     difference = max(
         (
             float((reloaded[name].float() - tensor.float()).abs().max())
+            if name in reloaded
+            else float("inf")
             for name, tensor in saved.items()
         ),
         default=float("inf"),
     )
     run([*command, "--resume"], root / f"{family}-finish.log")
     return {
+        "engine": engine_reported(root / f"{family}-killed.log"),
         "killed at": killed_at,
         "missing from checkpoint": len(missing),
         "max |reloaded - checkpoint|": difference,
@@ -116,6 +180,8 @@ def check_family(family: str, tokenizer: Path, corpus: Path, root: Path) -> dict
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="+", default=["bert", "gpt", "elmo"])
+    parser.add_argument("--engine", choices=["plain", *ENGINE_CONFIGS], default="plain")
+    parser.add_argument("--port", type=int, default=29561, help="accelerate's port (ddp, fsdp)")
     parser.add_argument("--output-dir", type=Path, default=Path("runs/resume-check"))
     parser.add_argument(
         "--data", type=Path, default=Path(os.environ.get("EGBERT_DATA", "../shared/data"))
@@ -126,17 +192,22 @@ def main() -> int:
     results = {}
     for family in args.families:
         try:
-            results[family] = check_family(family, tokenizer, corpus, args.output_dir)
-        except RuntimeError as error:
-            results[family] = {"ok": False, "error": str(error)}
-    print("| family | killed at | missing from checkpoint | max abs difference | finished | ok |")
-    print("|---|---:|---:|---:|---|---|")
+            launch = launcher(args.engine, args.port)
+            results[family] = check_family(family, launch, tokenizer, corpus, args.output_dir)
+        except Exception as error:  # one family's failure must not hide the others' results
+            results[family] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+    print(
+        "| family | engine | killed at | missing from checkpoint | max abs difference | finished "
+        "| ok |"
+    )
+    print("|---|---|---:|---:|---:|---|---|")
     for family, r in results.items():
         if "error" in r:
-            print(f"| {family} | | | | {r['error']} | FAIL |")
+            print(f"| {family} | {args.engine} | | | | {r['error']} | FAIL |")
             continue
         print(
-            f"| {family} | step {r['killed at']} | {r['missing from checkpoint']} | "
+            f"| {family} | {r['engine']} | step {r['killed at']} | "
+            f"{r['missing from checkpoint']} | "
             f"{r['max |reloaded - checkpoint|']:.3g} | {r['finished']} | "
             f"{'ok' if r['ok'] else 'FAIL'} |"
         )
