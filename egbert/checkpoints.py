@@ -199,7 +199,10 @@ def _views_to_untangle(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple]:
     by_storage: dict[tuple, list[str]] = {}
     for name, tensor in tensors.items():
         if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
-            key = (tensor.device, tensor.untyped_storage().data_ptr())
+            try:
+                key = (tensor.device, tensor.untyped_storage().data_ptr())
+            except RuntimeError:  # FSDP2's DTensor shards have no storage to share
+                continue
             by_storage.setdefault(key, []).append(name)
     tangled = {}
     for names in by_storage.values():

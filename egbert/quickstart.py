@@ -71,7 +71,7 @@ FINETUNE_MAX_EXAMPLES = 20_000
 MAX_SEEDS = 3
 # Per-run costs assumed before any run of a stage has been measured.
 FIRST_OVERHEAD_SECONDS = {"pretrain": 20.0, "finetune": 8.0}
-MIN_TRAIN_SECONDS = 3.0
+MIN_TRAIN_SECONDS = 1.0
 # The probe and the prompts: fixed sizes, small enough for seconds per task on a CPU. The probe
 # reads the summary position (the fine-tuning heads' default, `cls`) of all layers averaged: on
 # the tiny preset after 5.7 minutes of pretraining, pretrained against twin, bert +6.0 and gpt
@@ -81,6 +81,17 @@ PROBE_FEATURES, PROBE_POOL, PROBE_TRAIN_SAMPLES = "all-mean", "cls", 2000
 PROMPT_TASKS = ("sst2", "rte", "mrpc", "qnli", "cola")
 PROMPT_SHOTS = (0, 4)
 PROMPT_EVAL_SAMPLES = 200
+# Below this budget the probe's training examples and the prompts' dev examples shrink with it
+# (to a tenth at most): at full size they took 100 s of a 3-minute run's 180 on a busy GPU machine.
+EVALUATION_FULL_MINUTES = 10.0
+
+
+def evaluation_sizes(budget_minutes: float) -> tuple[int, int]:
+    """(probe training examples, prompt dev examples) per task for a budget."""
+    scale = min(max(budget_minutes / EVALUATION_FULL_MINUTES, 0.1), 1.0)
+    return round(PROBE_TRAIN_SAMPLES * scale), round(PROMPT_EVAL_SAMPLES * scale)
+
+
 # Dev sets on which no model leaves its majority class at this scale: shown apart, not averaged.
 APART = ("wnli",)
 # Pretraining's final evaluation: the first examples of WikiText-2 valid (all of it took elmo
@@ -539,15 +550,23 @@ def run_stages(
         )
     pretraining = {family: pretraining_summary(models[family]) for family in MODEL_FAMILIES}
     glue_dir = glue or data / "glue"
-    print(f"[3/5] probing {len(models)} models; prompting gpt and its twin", flush=True)
+    probe_size, prompt_size = evaluation_sizes(args.budget_minutes)
+    print(
+        f"[3/5] probing {len(models)} models ({probe_size} training examples a task); prompting "
+        f"gpt and its twin ({prompt_size} dev examples a task)",
+        flush=True,
+    )
+    start = time.perf_counter()
     probes = {
-        name: probe_model(path, tasks, glue_dir, args.seed, budget) for name, path in models.items()
+        name: probe_model(path, tasks, glue_dir, args.seed, probe_size, budget)
+        for name, path in models.items()
     }
     prompt_tasks = [t for t in PROMPT_TASKS if split_file(get_task(t), "validation", glue_dir)]
     prompts = {
-        name: prompt_model(models[name], prompt_tasks, glue_dir, args.seed, budget)
+        name: prompt_model(models[name], prompt_tasks, glue_dir, args.seed, prompt_size, budget)
         for name in ("gpt", TWIN.format("gpt"))
     }
+    print(f"  probed and prompted in {time.perf_counter() - start:.0f} s", flush=True)
     finetuned = ["bert", TWIN.format("bert"), "gpt", "elmo"]
     print(f"[4/5] fine-tuning {', '.join(finetuned)} on {', '.join(tasks)}", flush=True)
     finetune = finetune_models({m: models[m] for m in finetuned}, tasks, glue, args, budget)
@@ -596,7 +615,9 @@ def pretrain_families(args: QuickstartArguments, budget: Budget, data: Path) -> 
     return run_dirs
 
 
-def probe_model(model_dir: Path, tasks: list[str], glue: Path, seed: int, budget: Budget) -> dict:
+def probe_model(
+    model_dir: Path, tasks: list[str], glue: Path, seed: int, samples: int, budget: Budget
+) -> dict:
     """`egbert probe` of one model (reusing its probe_results.json)."""
     out = model_dir.parent.parent / "probe" / model_dir.name
     results = out / probe.RESULTS_FILE
@@ -609,7 +630,7 @@ def probe_model(model_dir: Path, tasks: list[str], glue: Path, seed: int, budget
         glue,
         features=PROBE_FEATURES,
         pool=PROBE_POOL,
-        max_train_samples=PROBE_TRAIN_SAMPLES,
+        max_train_samples=samples,
         seed=seed,
         output_dir=out,
     )
@@ -617,7 +638,9 @@ def probe_model(model_dir: Path, tasks: list[str], glue: Path, seed: int, budget
     return found
 
 
-def prompt_model(model_dir: Path, tasks: list[str], glue: Path, seed: int, budget: Budget) -> dict:
+def prompt_model(
+    model_dir: Path, tasks: list[str], glue: Path, seed: int, samples: int, budget: Budget
+) -> dict:
     """`egbert prompt-eval` of one gpt model (reusing its prompt_eval_results.json)."""
     out = model_dir.parent.parent / "prompt-eval" / model_dir.name
     results = out / prompting.RESULTS_FILE
@@ -629,7 +652,7 @@ def prompt_model(model_dir: Path, tasks: list[str], glue: Path, seed: int, budge
         tasks,
         glue,
         shots=PROMPT_SHOTS,
-        max_eval_samples=PROMPT_EVAL_SAMPLES,
+        max_eval_samples=samples,
         seed=seed,
         output_dir=out,
     )

@@ -54,8 +54,10 @@ class Kill:
 
 
 def child_env() -> dict[str, str]:
-    """One intra-op thread (same numerics in every run) and no network."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    """One intra-op thread (same numerics in every run), no network, and this checkout first on
+    the caller's PYTHONPATH (packages may come from there)."""
+    paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(paths)}
     return env | {
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",

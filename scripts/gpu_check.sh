@@ -76,12 +76,12 @@ declare -A expected=([plain]=NO [ddp]=MULTI_GPU [fsdp]=FSDP)
 for engine in plain ddp fsdp; do
     log="$out/resume-$engine.log"
     code=$(cat "$out/resume-$engine.code" 2>/dev/null || echo 1)
-    rows=$(grep -E '^\| (bert|gpt|elmo) \|' "$log")
-    seen=$(cut -d'|' -f3 <<<"$rows" | tr -d ' ' | sort -u | paste -sd, -)
+    family_rows=$(grep -E '^\| (bert|gpt|elmo) \|' "$log")
+    seen=$(cut -d'|' -f3 <<<"$family_rows" | tr -d ' ' | sort -u | paste -sd, -)
     # on a GPU the run must have used the engine asked for (a CPU try runs them as MULTI_CPU)
     if [ "$device" != cpu ] && [ "$seen" != "${expected[$engine]}" ]; then code=1; fi
     record "pretrain, SIGKILL, resume: $engine" "$code" \
-        "$(grep -c '| ok |$' <<<"$rows") of $(grep -c . <<<"$rows") families ok, engine: ${seen:-?} ($log)"
+        "$(grep -c '| ok |$' <<<"$family_rows") of $(grep -c . <<<"$family_rows") families ok, engine: ${seen:-?} ($log)"
 done
 
 # 4. the compiled base-preset bench rows

@@ -9,6 +9,10 @@ run through it: checkpoint, resume, best-model reload and the final model.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from accelerate.state import AcceleratorState, PartialState
@@ -131,4 +135,43 @@ def test_checkpoint_resume_best_and_final_model_keep_every_lstm_weight(tmp_path)
     resumed._start_or_resume()
     model = resumed.accelerator.unwrap_model(resumed.model)
     for name in names:
-        torch.testing.assert_close(model.state_dict()[name], saved[name], rtol=0, atol=0)
+        torch.testing.assert_close(model.state_dict()[name].cpu(), saved[name], rtol=0, atol=0)
+
+
+SHARDED = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from egbert.checkpoints import own_storage, untangled_state_dict
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0,
+                                         world_size=1)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model(torch.randn(2, 4)).sum().backward()
+    with own_storage(model):
+        pass
+    print(sorted(untangled_state_dict(model.state_dict())))
+    """
+)
+
+
+def test_fsdp2_sharded_parameters_pass_the_layout_checks(tmp_path, subprocess_env):
+    """FSDP2 keeps each parameter as a DTensor shard, which has no storage to compare: resuming
+    an FSDP run once failed with "Attempted to access the data pointer on an invalid python
+    storage". One process on the CPU (gloo; a subprocess, so that this process never joins a
+    process group), which is enough to build that layout."""
+    result = subprocess.run(
+        [sys.executable, "-c", SHARDED, str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        env=subprocess_env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "['0.bias', '0.weight', '1.bias', '1.weight']" in result.stdout

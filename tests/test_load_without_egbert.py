@@ -129,14 +129,20 @@ def save_tiny_models(models_dir: Path) -> None:
 
 
 def load_in_subprocess(root: Path, mode: str) -> dict:
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in ("PYTHONPATH", "HF_MODULES_CACHE")
+    # the caller's PYTHONPATH but this checkout (packages may come from there, as on a GPU
+    # machine with wheels installed into a folder); "with" puts the checkout first
+    inherited = [
+        entry
+        for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if entry and Path(entry).resolve() != REPO
+    ]
+    paths = [str(REPO), *inherited] if mode == "with" else inherited
+    env = {name: value for name, value in os.environ.items() if name != "HF_MODULES_CACHE"}
+    env |= {
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(root / "modules"),
+        "PYTHONPATH": os.pathsep.join(paths),
     }
-    env |= {"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(root / "modules")}
-    if mode == "with":
-        env["PYTHONPATH"] = str(REPO)
     subprocess.run(
         [sys.executable, str(root / "loader.py"), str(root), mode],
         check=True,
@@ -234,12 +240,14 @@ def test_with_egbert_imported_the_folder_s_code_is_never_run(loaded) -> None:
     assert with_egbert["folder modules"] == []
 
 
-def test_a_model_sharded_with_fsdp2_saves_the_same_folder(tmp_path: Path) -> None:
+def test_a_model_sharded_with_fsdp2_saves_the_same_folder(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
     (tmp_path / "saver.py").write_text(FSDP2_SAVER, encoding="utf-8")
     subprocess.run(
         [sys.executable, str(tmp_path / "saver.py"), str(tmp_path)],
         check=True,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
+        env=subprocess_env,
     )
     for class_name, folder in (
         ("EgbertBertForPreTraining", "bert"),

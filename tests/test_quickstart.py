@@ -117,6 +117,13 @@ def test_other_options_on_the_same_output_dir_are_refused(finished_run: Path, mi
         main(["--data", str(micro_data), "--output-dir", str(finished_run), *changed])
 
 
+def test_the_probe_and_the_prompts_shrink_with_a_budget_below_ten_minutes():
+    full = (quickstart.PROBE_TRAIN_SAMPLES, quickstart.PROMPT_EVAL_SAMPLES)
+    assert quickstart.evaluation_sizes(30) == quickstart.evaluation_sizes(10) == full
+    assert quickstart.evaluation_sizes(3) == (round(full[0] * 0.3), round(full[1] * 0.3))
+    assert quickstart.evaluation_sizes(0.5) == (round(full[0] / 10), round(full[1] / 10))
+
+
 def test_the_budget_allots_each_run_its_share_less_the_measured_costs(tmp_path: Path):
     budget = Budget(Plan(options={}, bf16=False), tmp_path / "plan.json", minutes=10)
     first = quickstart.FIRST_OVERHEAD_SECONDS["finetune"]
