@@ -238,7 +238,7 @@ model = AutoModel.from_pretrained("{name}", trust_remote_code=True)
 ```
 
 `"{name}"` is this folder, or its Hub id once pushed (`egbert push`). The full model with its
-head is `{type(model).__name__}`.
+head is `{type(model).__name__}`. The modeling files need `transformers>=5.24,<6`.
 
 ## Evaluation
 
