@@ -209,7 +209,8 @@ def test_family_defaults_sit_under_the_config_file_and_the_command_line(tmp_path
     bert_args, bert_training = parse_pretrain_args(["--model", "bert", *required])
     elmo_args, elmo_training = parse_pretrain_args(["--model", "elmo", *required])
     gpt_args, gpt_training = parse_pretrain_args(["--model", "gpt", *required])
-    assert gpt_training.lr == TrainingArguments.lr and gpt_args.config_overrides is None
+    assert gpt_training.lr == FAMILY_DEFAULTS["gpt"]["lr"] != TrainingArguments.lr
+    assert "attention_probs_dropout_prob=0" in gpt_args.config_overrides
     # bert: the recipe comparison's choices, with next-sentence prediction kept
     assert bert_args.nsp and bert_args.mlm_probability == 0.4 and bert_training.batch_size == 16
     assert bert_training.lr == FAMILY_DEFAULTS["bert"]["lr"] != TrainingArguments.lr
