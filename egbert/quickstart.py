@@ -16,12 +16,12 @@ reuses every finished step.
    and `results.png`, and prints the tables.
 
 The budget is wall-clock time on whatever device runs it. Pretraining gets PRETRAIN_SHARE of it;
-the probe and the prompts are of fixed size (their time is measured); fine-tuning gets what is
-left, each run its share less the per-run costs (start-up, data, evaluation, saving) measured on
-the runs before it. So the whole run ends within about 20% of --budget-minutes on a CPU or GPU.
-`plan.json` keeps the options, each run's allotted minutes and the time spent, so that a rerun
-after an interruption (SIGTERM or Ctrl-C stop the run in progress with a checkpoint) goes on
-where it stopped, with the same allotments.
+the probe and the prompts are of fixed size from a 10-minute budget up (smaller below); fine-tuning
+gets what is left, each run its share less the per-run costs (start-up, data, evaluation, saving)
+measured on the runs before it. So the whole run ends within about 20% of --budget-minutes on a
+CPU or GPU. `plan.json` keeps the options, each run's allotted minutes and the time spent, so
+that a rerun after an interruption (SIGTERM or Ctrl-C stop the run in progress with a
+checkpoint) goes on where it stopped, with the same allotments.
 """
 
 from __future__ import annotations
