@@ -558,12 +558,35 @@ def run_stages(
     )
     start = time.perf_counter()
     probes = {
-        name: probe_model(path, tasks, glue_dir, args.seed, probe_size, budget)
+        name: evaluate_once(
+            "probe",
+            probe.run_probe,
+            probe.RESULTS_FILE,
+            path,
+            budget,
+            tasks=tasks,
+            data_dir=glue_dir,
+            seed=args.seed,
+            features=PROBE_FEATURES,
+            pool=PROBE_POOL,
+            max_train_samples=probe_size,
+        )
         for name, path in models.items()
     }
     prompt_tasks = [t for t in PROMPT_TASKS if split_file(get_task(t), "validation", glue_dir)]
     prompts = {
-        name: prompt_model(models[name], prompt_tasks, glue_dir, args.seed, prompt_size, budget)
+        name: evaluate_once(
+            "prompt-eval",
+            prompting.run_prompt_eval,
+            prompting.RESULTS_FILE,
+            models[name],
+            budget,
+            tasks=prompt_tasks,
+            data_dir=glue_dir,
+            seed=args.seed,
+            shots=PROMPT_SHOTS,
+            max_eval_samples=prompt_size,
+        )
         for name in ("gpt", TWIN.format("gpt"))
     }
     print(f"  probed and prompted in {time.perf_counter() - start:.0f} s", flush=True)
@@ -615,47 +638,16 @@ def pretrain_families(args: QuickstartArguments, budget: Budget, data: Path) -> 
     return run_dirs
 
 
-def probe_model(
-    model_dir: Path, tasks: list[str], glue: Path, seed: int, samples: int, budget: Budget
+def evaluate_once(
+    command: str, run: Any, results_file: str, model_dir: Path, budget: Budget, **options: Any
 ) -> dict:
-    """`egbert probe` of one model (reusing its probe_results.json)."""
-    out = model_dir.parent.parent / "probe" / model_dir.name
-    results = out / probe.RESULTS_FILE
-    if results.is_file():
-        return json.loads(results.read_text(encoding="utf-8"))
-    print(f"  probe: {model_dir.name}", flush=True)
-    found = probe.run_probe(
-        model_dir,
-        tasks,
-        glue,
-        features=PROBE_FEATURES,
-        pool=PROBE_POOL,
-        max_train_samples=samples,
-        seed=seed,
-        output_dir=out,
-    )
-    budget.save()
-    return found
-
-
-def prompt_model(
-    model_dir: Path, tasks: list[str], glue: Path, seed: int, samples: int, budget: Budget
-) -> dict:
-    """`egbert prompt-eval` of one gpt model (reusing its prompt_eval_results.json)."""
-    out = model_dir.parent.parent / "prompt-eval" / model_dir.name
-    results = out / prompting.RESULTS_FILE
-    if results.is_file():
-        return json.loads(results.read_text(encoding="utf-8"))
-    print(f"  prompt-eval: {model_dir.name}", flush=True)
-    found = prompting.run_prompt_eval(
-        model_dir,
-        tasks,
-        glue,
-        shots=PROMPT_SHOTS,
-        max_eval_samples=samples,
-        seed=seed,
-        output_dir=out,
-    )
+    """`run`, the Python API of `egbert <command>`, on one model into <output>/<command>/<model>/,
+    or the results file a finished run left there."""
+    out = model_dir.parent.parent / command / model_dir.name
+    if (out / results_file).is_file():
+        return json.loads((out / results_file).read_text(encoding="utf-8"))
+    print(f"  {command}: {model_dir.name}", flush=True)
+    found = run(model_dir, output_dir=out, **options)
     budget.save()
     return found
 

@@ -75,12 +75,7 @@ def pretrain_command(
 
 
 def newest_checkpoint(out: Path) -> int:
-    steps = [
-        int(path.name.removeprefix("step-"))
-        for path in (out / "checkpoints").glob("step-*")
-        if (path / "trainer_state.json").is_file()
-    ]
-    return max(steps, default=0)
+    return max((step for step, _ in egbert.checkpoints_in(out / "checkpoints")), default=0)
 
 
 def kill_tree(pid: int) -> None:

@@ -64,7 +64,6 @@ from egbert.evaluation.results import (
     evaluate_tasks,
     format_metrics,
     glue_average,
-    inference_precision,
     majority_score,
     present_eval_splits,
     sample_indices,
@@ -326,24 +325,24 @@ def run_probe(
         "seed": seed,
         "classifier": "logistic regression (C by held-out GLUE score) / ridge (alpha by LOO)",
     }
-    with inference_precision(model, bf16) as bf16_used:
-        options["bf16"] = bf16_used
-        results = evaluate_tasks(
-            model_dir,
-            options,
-            task_list,
-            lambda task: probe_task(
-                task,
-                model,
-                tokenizer,
-                data_dir,
-                features,
-                pool,
-                max_train_samples,
-                batch_size,
-                seed,
-            ),
-        )
+    results = evaluate_tasks(
+        model_dir,
+        model,
+        bf16,
+        options,
+        task_list,
+        lambda task: probe_task(
+            task,
+            model,
+            tokenizer,
+            data_dir,
+            features,
+            pool,
+            max_train_samples,
+            batch_size,
+            seed,
+        ),
+    )
     scores = {name: result["score"] for name, result in results["tasks"].items()}
     results["glue_average"] = glue_average(scores)
     if output_dir is not None:

@@ -57,7 +57,6 @@ from egbert.evaluation.results import (
     check_positive,
     evaluate_tasks,
     format_metrics,
-    inference_precision,
     majority_score,
     present_eval_splits,
     sample_indices,
@@ -461,24 +460,24 @@ def run_prompt_eval(
         "seed": seed,
         "demonstrations": "balanced over the labels, one seeded draw per k for every example",
     }
-    with inference_precision(model, bf16) as bf16_used:
-        options["bf16"] = bf16_used
-        results = evaluate_tasks(
-            model_dir,
-            options,
-            task_list,
-            lambda task: prompt_task(
-                task,
-                model,
-                tokenizer,
-                data_dir,
-                shots,
-                calibrate,
-                max_eval_samples,
-                batch_size,
-                seed,
-            ),
-        )
+    results = evaluate_tasks(
+        model_dir,
+        model,
+        bf16,
+        options,
+        task_list,
+        lambda task: prompt_task(
+            task,
+            model,
+            tokenizer,
+            data_dir,
+            shots,
+            calibrate,
+            max_eval_samples,
+            batch_size,
+            seed,
+        ),
+    )
     if output_dir is not None:
         write_results(results, output_dir, RESULTS_FILE)
     return results

@@ -136,13 +136,17 @@ def inference_precision(model: torch.nn.Module, bf16: bool | None) -> Iterator[b
 
 def evaluate_tasks(
     model_dir: str | os.PathLike,
+    model: torch.nn.Module,
+    bf16: bool | None,
     options: dict[str, Any],
     tasks: Sequence[Task],
     evaluate_task: Callable[[Task], dict[str, Any]],
 ) -> dict[str, Any]:
-    """{"model", "options", "tasks": {name: evaluate_task(task)}}: what both results files hold."""
-    results = {task.name: evaluate_task(task) for task in tasks}
-    return {"model": str(model_dir), "options": options, "tasks": results}
+    """{"model", "options", "tasks": {name: evaluate_task(task)}}: what both results files hold;
+    every task runs under `inference_precision(model, bf16)`, and options["bf16"] says which."""
+    with inference_precision(model, bf16) as bf16_used:
+        results = {task.name: evaluate_task(task) for task in tasks}
+    return {"model": str(model_dir), "options": options | {"bf16": bf16_used}, "tasks": results}
 
 
 def write_results(results: dict, output_dir: str | os.PathLike, name: str) -> Path:
