@@ -238,7 +238,10 @@ def test_presets_and_yaml_files_load():
 def _newest_checkpoint_epoch(out: Path) -> int:
     epochs = [-1]
     for state in (out / "checkpoints").glob("step-*/trainer_state.json"):
-        epochs.append(json.loads(state.read_text())["epoch"])
+        try:
+            epochs.append(json.loads(state.read_text())["epoch"])
+        except FileNotFoundError:  # rotated away between the glob and the read
+            continue
     return max(epochs)
 
 
