@@ -10,8 +10,8 @@ reuses every finished step.
 3. probes every model and twin with frozen features (`egbert probe`), and scores gpt and its twin
    by k-shot prompting (`egbert prompt-eval`);
 4. fine-tunes bert and its twin, gpt and elmo on every GLUE task whose train and dev files are
-   present, every model of a task for the same time; then bert and its twin with more seeds
-   while the budget allows (the table gives each seed's average);
+   present, every model of a task for the same time; then bert and its twin with more seeds on
+   the averaged tasks while the budget allows (the table gives each seed's average);
 5. writes `results.md` and `results.json` (every table: pretraining, fine-tuning, probe, k-shot)
    and `results.png`, and prints the tables.
 
@@ -661,13 +661,15 @@ def finetune_models(
 ) -> dict[str, dict[str, dict[int, float]]]:
     """{row: {task: {seed: score}}}. First every model with the first seed, task by task, each
     run of a task for the same minutes (its share of the time left); then, while the time left
-    allows a task's runs again, bert and its twin with further seeds, task by task."""
+    allows a task's runs again, bert and its twin with further seeds, task by task (not the
+    tasks shown APART: no average holds them)."""
     tasks = sorted(tasks, key=lambda task: train_size(task, glue))  # small first: time left over
     first = [(task, [(name, args.seed) for name in models]) for task in tasks]
     scores = run_finetune_pass(first, models, glue, args, budget)
     pairs = [name for name in models if name in ("bert", TWIN.format("bert"))]
+    averaged = [task for task in tasks if task not in APART]
     for seed in range(args.seed + 1, args.seed + MAX_SEEDS):
-        for task in tasks:
+        for task in averaged:
             keys = [run_key(name, head, task, seed) for name in pairs for head in args.heads]
             needed = sum(
                 budget.plan.run_seconds.get(run_key(name, head, task, args.seed), 0.0)

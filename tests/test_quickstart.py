@@ -140,6 +140,29 @@ def test_the_budget_allots_each_run_its_share_less_the_measured_costs(tmp_path: 
     assert 0 <= saved["spent_seconds"] < 60
 
 
+def test_further_seeds_go_to_the_averaged_tasks_only(tmp_path: Path, monkeypatch):
+    """With time for more seeds, bert and its twin run again on the averaged tasks; wnli, shown
+    apart, keeps its one seed. (The fine-tuning runs are replaced: the schedule is under test.)"""
+    planned = []
+
+    def record_runs(plan, models, glue, args, budget):
+        scores = {}
+        for task, runs in plan:
+            for name, seed in runs:
+                planned.append((task, name, seed))
+                budget.plan.run_seconds[quickstart.run_key(name, "cls", task, seed)] = 1.0
+                scores.setdefault(name, {}).setdefault(task, {})[seed] = 0.5
+        return scores
+
+    monkeypatch.setattr(quickstart, "run_finetune_pass", record_runs)
+    budget = Budget(Plan(options={}, bf16=False), tmp_path / "plan.json", minutes=60)
+    models = {name: tmp_path for name in ("bert", "bert-random", "gpt")}
+    args = quickstart.QuickstartArguments(heads=["cls"])
+    quickstart.finetune_models(models, ["rte", "wnli"], None, args, budget)
+    further = {(task, name, seed) for task, name, seed in planned if seed != args.seed}
+    assert further == {("rte", name, seed) for name in ("bert", "bert-random") for seed in (43, 44)}
+
+
 def test_each_seed_is_averaged_over_the_tasks_every_seed_ran():
     runs = {"rte": {42: 0.5, 43: 0.7, 44: 0.6}, "stsb": {42: 0.1, 43: 0.3}, "wnli": {42: 0.56}}
     # wnli is not averaged; seed 44 did not run on stsb
