@@ -34,6 +34,8 @@ _EXPORTS = {
         "build_model",
         "CONFIG_CLASSES",
         "FAMILY_DEFAULTS",
+        "build_examples",
+        "EVAL_METRICS",
     ],
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
     "egbert.quickstart": ["run_quickstart"],

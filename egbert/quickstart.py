@@ -383,7 +383,7 @@ def score_table(
 ) -> str:
     """Markdown: one row per model, a column per task (GLUE score x 100), the average over the
     tasks not in APART, then those apart (and any `extra` column, e.g. per-seed averages)."""
-    averaged = [t for t in tasks if t not in APART]
+    averaged = averaged_tasks(tasks)
     apart = [t for t in tasks if t in APART]
     columns = [*map(metric_header, averaged), "average", *(f"{metric_header(t)}*" for t in apart)]
     columns += list(extra or {})
@@ -420,13 +420,12 @@ def plot_results(path: Path, scores: dict[str, dict[str, float]], tasks: Sequenc
     matplotlib.use("Agg")  # files only: no display on servers
     import matplotlib.pyplot as plt
 
-    averaged = [t for t in tasks if t not in APART]
     groups = [*tasks, "average"]
     width = 0.8 / max(len(scores), 1)
     figure, axes = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4))
     for index, (label, by_task) in enumerate(scores.items()):
         values = [100 * by_task[t] for t in tasks]
-        values.append(100 * glue_score({t: by_task[t] for t in averaged}))
+        values.append(100 * average(by_task, tasks))
         positions = [g + (index - (len(scores) - 1) / 2) * width for g in range(len(groups))]
         axes.bar(positions, values, width, label=label)
     axes.set_xticks(range(len(groups)), groups)
@@ -668,9 +667,8 @@ def finetune_models(
     first = [(task, [(name, args.seed) for name in models]) for task in tasks]
     scores = run_finetune_pass(first, models, glue, args, budget)
     pairs = [name for name in models if name in ("bert", TWIN.format("bert"))]
-    averaged = [task for task in tasks if task not in APART]
     for seed in range(args.seed + 1, args.seed + MAX_SEEDS):
-        for task in averaged:
+        for task in averaged_tasks(tasks):
             keys = [run_key(name, head, task, seed) for name in pairs for head in args.heads]
             needed = sum(
                 budget.plan.run_seconds.get(run_key(name, head, task, args.seed), 0.0)
@@ -780,13 +778,18 @@ def label(name: str) -> str:
     return name
 
 
+def averaged_tasks(tasks: Sequence[str]) -> list[str]:
+    """The tasks that averages hold: all but those shown APART."""
+    return [task for task in tasks if task not in APART]
+
+
 def average(scores: dict[str, float], tasks: Sequence[str]) -> float:
-    return glue_score({task: scores[task] for task in tasks if task not in APART})
+    return glue_score({task: scores[task] for task in averaged_tasks(tasks)})
 
 
 def seed_averages(runs: dict[str, dict[int, float]], tasks: Sequence[str]) -> list[float]:
     """The task average of each fine-tuning seed that every averaged task was run with."""
-    averaged = [task for task in tasks if task not in APART]
+    averaged = averaged_tasks(tasks)
     common = set.intersection(*(set(runs[task]) for task in averaged))
     return [glue_score({task: runs[task][seed] for task in averaged}) for seed in sorted(common)]
 

@@ -7,14 +7,14 @@ with different options compare (docs/defaults.md): a bert run's own evaluation m
 
 bert: MLM loss and accuracy at --mlm-probability (15%, BERT's) on NSP pairs of the files with
 the same masks for every model, and NSP accuracy; gpt: causal LM loss and perplexity on packed
-128-token blocks; elmo: the mean of the forward and backward losses and its perplexity on
-64-token blocks. One Markdown table.
+128-token blocks; elmo: the mean of the forward and backward losses and the mean of their
+perplexities on 64-token blocks. The metrics are `egbert pretrain`'s own (egbert.EVAL_METRICS) on
+examples built as it builds them (egbert.build_examples). One Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 import torch
@@ -22,62 +22,53 @@ from torch.utils.data import DataLoader
 
 import egbert
 
+SEQ_LEN = {"bert": 128, "gpt": 128, "elmo": 64}
+MODEL_CLASSES = {
+    "bert": egbert.EgbertBertForPreTraining,
+    "gpt": egbert.EgbertGPTForCausalLM,
+    "elmo": egbert.EgbertElmoForBidirectionalLM,
+}
 
-def examples(family: str, tokenizer, files: list[str], limit: int):
-    """The family's evaluation examples of `files` and their collator (seed 0)."""
-    documents = egbert.read_documents(files, doc_boundary="wikitext", errors="replace")
-    tokenized = egbert.tokenize_documents(documents, tokenizer, split_sentences=family == "bert")
-    if family == "bert":
-        ids = {"cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id}
-        built = egbert.build_nsp_examples(tokenized, 128, seed=0, **ids)
-    else:
-        built = egbert.pack_blocks(
-            tokenized, 128 if family == "gpt" else 64, tokenizer.eos_token_id
-        )
-    return built.select(range(min(limit, len(built))))
+
+def examples(family: str, tokenizer, files: list[str], limit: int, mlm: float):
+    """The family's first `limit` evaluation examples of `files` and their collator, built as
+    `egbert pretrain` builds them (seed 0; bert's masks at `mlm`)."""
+    args = egbert.PretrainArguments(
+        model=family,
+        tokenizer=tokenizer.name_or_path,
+        train_files=files,
+        doc_boundary="wikitext",
+        encoding_errors="replace",
+        seq_len=SEQ_LEN[family],
+        mlm_probability=mlm,
+    )
+    built, collator = egbert.build_examples(args, tokenizer, files, seed=0)
+    return built.select(range(min(limit, len(built)))), collator
 
 
 @torch.no_grad()
 def evaluate(model_dir: Path, tokenizer, files: list[str], limit: int, mlm: float) -> dict:
-    config = egbert.read_model_config(model_dir)
-    family = config["model_type"].removeprefix("egbert-")
-    model_class = {
-        "bert": egbert.EgbertBertForPreTraining,
-        "gpt": egbert.EgbertGPTForCausalLM,
-        "elmo": egbert.EgbertElmoForBidirectionalLM,
-    }[family]
-    model = egbert.load_pretrained(model_class, model_dir).eval()
-    data = examples(family, tokenizer, files, limit)
-    if family == "bert":
-        collator = egbert.MLMCollator(tokenizer, mlm_probability=mlm, seed=0)
-    else:
-        collator = egbert.CausalLMCollator(tokenizer)
-    sums = {"loss": 0.0, "targets": 0.0, "correct": 0.0, "nsp": 0.0, "pairs": 0.0}
+    """The metrics `egbert pretrain` reports on its validation files (EVAL_METRICS), as text."""
+    family = egbert.read_model_config(model_dir)["model_type"].removeprefix("egbert-")
+    model = egbert.load_pretrained(MODEL_CLASSES[family], model_dir).eval()
+    data, collator = examples(family, tokenizer, files, limit, mlm)
+    batch_metrics, finalize_metrics = egbert.EVAL_METRICS[family]
+    sums: dict[str, list[float]] = {}
     for batch in DataLoader(data, batch_size=32, collate_fn=collator):
-        outputs = model(**batch)
-        if family == "bert":
-            masked = batch["labels"] != -100
-            logits = outputs.prediction_logits
-            predicted = logits.argmax(-1) if logits.dim() == 2 else logits.argmax(-1)[masked]
-            n = float(masked.sum())
-            sums["loss"] += outputs.mlm_loss.item() * n
-            sums["correct"] += float((predicted == batch["labels"][masked]).sum())
-            nsp = outputs.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]
-            sums["nsp"] += float(nsp.sum())
-            sums["pairs"] += len(nsp)
-        else:
-            real = batch["labels"] != -100
-            n = float((real[:, 1:] & real[:, :-1]).sum())
-            sums["loss"] += outputs.loss.item() * n
-        sums["targets"] += n
-    loss = sums["loss"] / sums["targets"]
+        for name, (total, count) in batch_metrics(batch, model(**batch)).items():
+            sums.setdefault(name, [0.0, 0.0])
+            sums[name][0] += total
+            sums[name][1] += count
+    metrics = {name: total / count for name, (total, count) in sums.items()}
+    if finalize_metrics is not None:
+        metrics = finalize_metrics(metrics)
     if family == "bert":
         return {
-            "MLM loss": f"{loss:.3f}",
-            "MLM accuracy": f"{100 * sums['correct'] / sums['targets']:.1f}%",
-            "NSP accuracy": f"{100 * sums['nsp'] / sums['pairs']:.1f}%",
+            "MLM loss": f"{metrics['mlm_loss']:.3f}",
+            "MLM accuracy": f"{100 * metrics['mlm_accuracy']:.1f}%",
+            "NSP accuracy": f"{100 * metrics['nsp_accuracy']:.1f}%",
         }
-    return {"loss": f"{loss:.3f}", "perplexity": f"{math.exp(loss):.1f}"}
+    return {"loss": f"{metrics['loss']:.3f}", "perplexity": f"{metrics['perplexity']:.1f}"}
 
 
 def main() -> None:
@@ -93,11 +84,11 @@ def main() -> None:
         str(path): evaluate(path, tokenizer, args.files, args.max_examples, args.mlm_probability)
         for path in args.models
     }
-    columns = list(next(iter(rows.values())))
+    columns = list(dict.fromkeys(column for values in rows.values() for column in values))
     print("| model | " + " | ".join(columns) + " |")
     print("|---|" + "---:|" * len(columns))
     for name, values in rows.items():
-        print(f"| {name} | " + " | ".join(values[c] for c in columns) + " |")
+        print(f"| {name} | " + " | ".join(values.get(c, "") for c in columns) + " |")
 
 
 if __name__ == "__main__":

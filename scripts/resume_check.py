@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from accelerate.utils import merge_fsdp_weights
 from safetensors.torch import load_file
 
 import egbert
@@ -116,12 +117,9 @@ def checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
     """The model's tensors in a checkpoint: model.safetensors, or FSDP's sharded folder."""
     if (folder / "model.safetensors").is_file():
         return load_file(folder / "model.safetensors")
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     with tempfile.TemporaryDirectory() as temp:
-        dcp_to_torch_save(folder / "pytorch_model_fsdp_0", Path(temp) / "model.pt")
-        state = torch.load(Path(temp) / "model.pt", weights_only=True)
-    return state.get("model", state)
+        merge_fsdp_weights(str(folder / "pytorch_model_fsdp_0"), temp)
+        return load_file(Path(temp) / "model.safetensors")
 
 
 def engine_reported(log: Path) -> str:
@@ -185,9 +183,9 @@ def main() -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     corpus, tokenizer = corpus_and_tokenizer(args.data, args.output_dir)
     results = {}
+    launch = launcher(args.engine, args.port)
     for family in args.families:
         try:
-            launch = launcher(args.engine, args.port)
             results[family] = check_family(family, launch, tokenizer, corpus, args.output_dir)
         except Exception as error:  # one family's failure must not hide the others' results
             results[family] = {"ok": False, "error": f"{type(error).__name__}: {error}"}

@@ -137,8 +137,7 @@ def load_in_subprocess(root: Path, mode: str) -> dict:
         if entry and Path(entry).resolve() != REPO
     ]
     paths = [str(REPO), *inherited] if mode == "with" else inherited
-    env = {name: value for name, value in os.environ.items() if name != "HF_MODULES_CACHE"}
-    env |= {
+    env = os.environ | {
         "HF_HUB_OFFLINE": "1",
         "HF_MODULES_CACHE": str(root / "modules"),
         "PYTHONPATH": os.pathsep.join(paths),
