@@ -27,7 +27,7 @@ import pickle
 import shutil
 import tempfile
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -350,9 +350,15 @@ class Checkpointer:
         found = checkpoints_in(self.folder)
         return found[-1][1] if found else None
 
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Write `step-{step}` with the trainer's `state` as JSON; a failed write leaves the
-        previous checkpoints intact and raises a one-line CheckpointError."""
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        write_own_files: Callable[[Path], None] | None = None,
+    ) -> Path:
+        """Write `step-{step}` with the trainer's `state` as JSON, and what each process's
+        `write_own_files(folder)` adds; a failed write leaves the previous checkpoints intact
+        and raises a one-line CheckpointError."""
         accelerator = self.accelerator
         final = self.folder / f"step-{step}"
         if final.is_dir():  # this very state is saved already (e.g. stopped right after resume)
@@ -362,7 +368,13 @@ class Checkpointer:
             shutil.rmtree(temp, ignore_errors=True)
             self.folder.mkdir(parents=True, exist_ok=True)
         accelerator.wait_for_everyone()
-        ok = self._on_all_processes(lambda: accelerator.save_state(str(temp)))
+
+        def write() -> None:
+            accelerator.save_state(str(temp))
+            if write_own_files is not None:
+                write_own_files(temp)
+
+        ok = self._on_all_processes(write)
         if ok:  # every process has written its part: the main one publishes the whole
             main = accelerator.is_main_process
             ok = self._on_all_processes(lambda: main and self._publish(temp, final, state))

@@ -195,7 +195,14 @@ class PretrainArguments:
         metadata={"help": "model family to pretrain", "choices": list(MODEL_FAMILIES)}
     )
     tokenizer: str = field(metadata={"help": "tokenizer directory (egbert tokenizer train)"})
-    train_files: list[str] = field(metadata={"help": "plain-text training files"})
+    train_files: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "training files, read by extension: text (.txt, .tokens, ...; also .gz .bz2 "
+            ".xz .zst), .jsonl/.json/.csv/.parquet (one row a document), or a data set folder "
+            "(save_to_disk, or files load_dataset reads)"
+        },
+    )
     preset: str = field(
         default="tiny",
         metadata={
@@ -220,8 +227,45 @@ class PretrainArguments:
             "with torch.load(weights_only=True); only for files you trust"
         },
     )
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "a Hub data set to train on (e.g. Salesforce/wikitext), or its local copy: a "
+            "folder of its files or a save_to_disk folder"
+        },
+    )
+    dataset_config: str | None = field(
+        default=None, metadata={"help": "--dataset's configuration (e.g. wikitext-103-raw-v1)"}
+    )
+    split: str = field(default="train", metadata={"help": "--dataset's split to train on"})
+    text_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "the column of the text in tables and data sets (default: the only string "
+            "column, else one named text, content or document)"
+        },
+    )
+    source_weights: list[float] = field(
+        default_factory=list,
+        metadata={
+            "help": "mix the sources (each of --train-files, then --dataset) with these weights, "
+            "one per source (datasets.interleave_datasets; smaller sources repeat until every "
+            "one is read through); without: one after the other"
+        },
+    )
     validation_files: list[str] = field(
-        default_factory=list, metadata={"help": "plain-text files for evaluation"}
+        default_factory=list,
+        metadata={"help": "files for evaluation (the same kinds as --train-files)"},
+    )
+    validation_split: str | None = field(
+        default=None, metadata={"help": "evaluate on this split of --dataset (e.g. validation)"}
+    )
+    validation_split_percentage: float | None = field(
+        default=None,
+        metadata={
+            "help": "hold out this share (in %) of the training documents for evaluation, "
+            "chosen by a hash of each document's text (run_mlm.py's name for it)"
+        },
     )
     max_eval_samples: int | None = field(
         default=None,
@@ -262,7 +306,18 @@ class PretrainArguments:
         default=0.1, metadata={"help": "bert: share of shorter-than-seq-len pairs"}
     )
     streaming: bool = field(
-        default=False, metadata={"help": "stream the corpus instead of caching it in Arrow"}
+        default=False,
+        metadata={
+            "help": "stream the corpus instead of caching it in Arrow (needs --max-steps or "
+            "--budget-minutes; each process reads its own shards)"
+        },
+    )
+    shuffle_buffer: int | None = field(
+        default=None,
+        metadata={
+            "help": "with --streaming: shuffle examples in a buffer of this many (default: in "
+            "order); a resume starts with an empty buffer"
+        },
     )
     card_datasets: list[str] = field(
         default_factory=list,
@@ -296,10 +351,43 @@ class PretrainArguments:
             raise ConfigError(f"--dupe-factor must be >= 1, got {self.dupe_factor}")
         if not 0 <= self.short_seq_prob <= 1:
             raise ConfigError(f"--short-seq-prob must be in [0, 1], got {self.short_seq_prob}")
+        self._check_data_options()
         if self.config_overrides and self.init_from:
             raise ConfigError(
                 "--config-overrides changes a fresh model's config; a model from --init-from "
                 "keeps its own (edit its config.json, or drop one of the two options)"
+            )
+
+    def _check_data_options(self) -> None:
+        if not self.train_files and not self.dataset:
+            raise ConfigError("no training data: pass --train-files, --dataset or both")
+        held_out = [
+            name
+            for name, given in (
+                ("--validation-files", bool(self.validation_files)),
+                ("--validation-split", self.validation_split is not None),
+                ("--validation-split-percentage", self.validation_split_percentage is not None),
+            )
+            if given
+        ]
+        if len(held_out) > 1:
+            raise ConfigError(f"{' and '.join(held_out)}: choose one source of validation data")
+        if self.validation_split is not None and not self.dataset:
+            raise ConfigError("--validation-split names a split of --dataset; pass --dataset too")
+        if self.shuffle_buffer is not None and (not self.streaming or self.shuffle_buffer < 1):
+            raise ConfigError(
+                "--shuffle-buffer N (N >= 1) shuffles a stream: use it with --streaming (a "
+                "cached data set is shuffled by the sampler)"
+            )
+        if self.streaming and self.dupe_factor > 1:
+            raise ConfigError(
+                "--dupe-factor makes static-masked copies of a cached data set; a stream is "
+                "masked anew at each step: drop --dupe-factor or --streaming"
+            )
+        if self.streaming and self.num_proc is not None:
+            raise ConfigError(
+                "--num-proc tokenizes a cached data set in parallel; a stream is tokenized as "
+                "it is read, by each training process: drop --num-proc (or launch more processes)"
             )
 
 

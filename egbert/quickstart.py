@@ -48,7 +48,7 @@ from egbert.finetune.metrics import glue_score
 from egbert.finetune.tasks import GLUE_TASKS, available_tasks, get_task, split_file
 from egbert.models.heads import CLASSIFIER_FEATURES
 from egbert.pretrain import run as pretrain_run
-from egbert.pretrain.data import load_hub_documents
+from egbert.pretrain.sources import load_hub_documents
 from egbert.report import read_train_results
 from egbert.runtime import bf16_pays_off, training_device
 from egbert.tokenizer import format_stats, load_tokenizer, tokenizer_stats, train_tokenizer

@@ -148,7 +148,11 @@ def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:
         # We step the scheduler once per optimizer update ourselves; Accelerate would step it
         # num_processes times per update.
         step_scheduler_with_optimizer=False,
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
+        # dispatch_batches=False: every process reads its own batches, also of a stream (by
+        # default rank 0 would read all of it and send each process its share).
+        dataloader_config=DataLoaderConfiguration(
+            use_seedable_sampler=True, data_seed=args.seed, dispatch_batches=False
+        ),
         log_with=trackers or None,
         project_dir=str(output_dir / "logs"),
         kwargs_handlers=[

@@ -11,9 +11,12 @@ facts live in egbert.runtime; the run's logs, trackers, loss curve and card in e
 
 Data. Training examples come from a map-style dataset shuffled by Accelerate's seedable sampler
 (epoch e's order is a function of seed + e, so any epoch can be replayed on resume), or from a
-streaming `IterableDataset`, taken in order. Collators must not draw from the global RNG (the
-loader runs one batch ahead, so that stream would shift on resume); seed per example or per
-epoch instead, as egbert's collators do. A collator's `set_epoch(epoch)` is called each epoch.
+streaming `datasets.IterableDataset`: each process reads its own shards of it
+(`split_dataset_by_node`; no batches dispatched from rank 0), and a checkpoint keeps each
+process's position in it (`IterableDataset.state_dict()`), from which a resume goes on instead of
+replaying the batches already trained. Collators must not draw from the global RNG (the loader
+runs one batch ahead, so that stream would shift on resume); seed per example or per epoch
+instead, as egbert's collators do. A collator's `set_epoch(epoch)` is called each epoch.
 
 Evaluation reports each evaluation set's mean loss, plus `batch_metrics(batch, outputs)` summed
 over batches (for metrics too large to gather, such as MLM accuracy) and
@@ -31,20 +34,25 @@ from __future__ import annotations
 
 import errno
 import itertools
+import json
 import math
 import os
 import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
+from accelerate.data_loader import prepare_data_loader
 from accelerate.utils import set_seed
+from datasets.distributed import split_dataset_by_node
 from safetensors.torch import load_model
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from tqdm.auto import tqdm
@@ -143,10 +151,54 @@ def train_loader(
                 "streaming training data has no length; give --max-steps, or "
                 "--budget-minutes without --epochs"
             )
+        if isinstance(dataset, datasets.IterableDataset) and args.num_workers > 0:
+            raise ConfigError(
+                f"--num-workers {args.num_workers} with a stream: its position for --resume "
+                "is kept by the main process's reader; drop --num-workers (each training "
+                "process already reads its own shards)"
+            )
         return DataLoader(dataset, **options)
     if len(dataset) == 0:
         raise DataError("the training data set is empty; check the training files")
     return DataLoader(dataset, shuffle=True, **options)
+
+
+class StreamPosition:
+    """Where a streamed data set stands after the batches trained so far.
+
+    The loader runs ahead of training (Accelerate fetches one batch early), so the stream's own
+    `state_dict()` is ahead too. This wraps the loader's collator: each batch it makes records
+    the stream's state at that point, and `consumed(n)` takes the states of the n batches just
+    trained, in order; `trained` is then the state to resume from.
+    """
+
+    def __init__(self, stream: datasets.IterableDataset, collator: Callable) -> None:
+        self.stream, self.collator = stream, collator
+        self.pending: deque[dict[str, Any]] = deque()
+        self.trained: dict[str, Any] | None = None
+
+    def __call__(self, examples: list[Any]) -> dict[str, Any]:
+        batch = self.collator(examples)
+        self.pending.append(self.stream.state_dict())
+        return batch
+
+    def restart(self) -> None:
+        """A new pass over the stream: batches made ahead by the last one are not trained."""
+        self.pending.clear()
+
+    def consumed(self, batches: int) -> None:
+        for _ in range(batches):
+            self.trained = self.pending.popleft()
+
+
+def split_stream(
+    stream: datasets.IterableDataset, rank: int, world_size: int
+) -> datasets.IterableDataset:
+    """This process's part of a stream: whole shards when there are at least as many as
+    processes (each process reads and tokenizes only its own), else every world_size-th example
+    (each process reads the whole stream)."""
+    strategy = "shards" if stream.num_shards >= world_size else "examples"
+    return split_dataset_by_node(stream, rank=rank, world_size=world_size, strategy=strategy)
 
 
 @contextmanager
@@ -266,16 +318,22 @@ class Trainer:
             betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_epsilon,
         )
-        self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
-            model, optimizer, train_loader(train_dataset, args, data_collator)
-        )
+        self.stream: StreamPosition | None = None
+        if isinstance(train_dataset, datasets.IterableDataset):
+            self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+            self.train_loader = self._stream_loader(train_dataset)
+        else:
+            self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
+                model, optimizer, train_loader(train_dataset, args, data_collator)
+            )
         if eval_dataset is not None and not isinstance(eval_dataset, dict):
             eval_dataset = {"": eval_dataset}
         self.eval_sets = eval_dataset or {}
         self.eval_loaders = {name: self._loader(data) for name, data in self.eval_sets.items()}
         self._unwrapped = self.accelerator.unwrap_model(self.model)
-        # The schedule's length needs the per-process number of batches, known after prepare.
-        steps_per_epoch = math.ceil(len(self.train_loader) / args.grad_accum)
+        # The schedule's length needs the per-process number of batches, known after prepare
+        # (a stream has none: train_loader asked for --max-steps or a budget).
+        steps_per_epoch = 0 if self.stream else math.ceil(len(self.train_loader) / args.grad_accum)
         self.total_steps = optimization.total_steps(args, steps_per_epoch)
         self.warmup = optimization.warmup_length(args, self.total_steps)
         self.scheduler = self.accelerator.prepare(
@@ -285,6 +343,30 @@ class Trainer:
         self._last_eval: dict[str, float] = {}
         self._last_eval_step: int | None = None
         self._last_lr = args.lr
+
+    def _stream_loader(self, stream: datasets.IterableDataset) -> DataLoader:
+        """The batches of this process's part of the stream, on its device. Not through
+        `accelerator.prepare`, which would split the stream again (or with dispatch_batches
+        have rank 0 read all of it)."""
+        accelerator = self.accelerator
+        if accelerator.num_processes > 1:
+            if stream.num_shards < accelerator.num_processes:
+                self.log.message(
+                    f"egbert: the stream has {stream.num_shards} shard(s) for "
+                    f"{accelerator.num_processes} processes: each reads all of it and keeps "
+                    "its share of the examples (more files, or larger ones, make more shards)"
+                )
+            stream = split_stream(stream, accelerator.process_index, accelerator.num_processes)
+        self.stream = StreamPosition(stream, self.data_collator)
+        loader = train_loader(stream, self.args, self.stream)
+        return prepare_data_loader(
+            loader,
+            device=accelerator.device,
+            num_processes=1,  # already split
+            process_index=0,
+            put_on_device=True,
+            dispatch_batches=False,
+        )
 
     def _lr_multiplier(self, step: int) -> float:
         return optimization.lr_multiplier(
@@ -389,7 +471,9 @@ class Trainer:
             if hasattr(component, "set_epoch"):
                 component.set_epoch(epoch)
         loader = self.train_loader
-        if skip:
+        if self.stream is not None:  # resumed from its saved state, nothing to skip
+            self.stream.restart()
+        elif skip:
             loader = self.accelerator.skip_first_batches(self.train_loader, skip)
         return iter(loader)
 
@@ -405,6 +489,8 @@ class Trainer:
             group = list(itertools.islice(batches, count))
             if not group:
                 break
+            if self.stream is not None:
+                self.stream.consumed(len(group))
             updated = self._optimizer_step(group)
             self.state.batches_in_epoch += len(group)
             if updated:
@@ -638,7 +724,24 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """checkpoints/step-N, atomically (egbert.checkpoints.Checkpointer)."""
-        return self.checkpoints.save(self.state.step, asdict(self.state))
+        return self.checkpoints.save(
+            self.state.step, asdict(self.state), self._save_stream_position
+        )
+
+    def _stream_position_file(self, checkpoint: Path) -> Path:
+        return checkpoint / f"stream_position_{self.accelerator.process_index}.json"
+
+    def _save_stream_position(self, checkpoint: Path) -> None:
+        """Each process's position in its part of the stream (nothing for map-style data,
+        whose position is the sampler's and the batch count)."""
+        if self.stream is not None and self.stream.trained is not None:
+            text = json.dumps(self.stream.trained)
+            self._stream_position_file(checkpoint).write_text(text, encoding="utf-8")
+
+    def _load_stream_position(self, checkpoint: Path) -> None:
+        path = self._stream_position_file(checkpoint)
+        if self.stream is not None and path.is_file():
+            self.stream.stream.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
 
     def _start_or_resume(self) -> None:
         self.checkpoints.clean_leftovers(self.output_dir)
@@ -658,6 +761,7 @@ class Trainer:
             return
         model = self.accelerator.unwrap_model(self.model)
         saved = self.checkpoints.resume(latest, model, self.run_config, self.args.resume_anyway)
+        self._load_stream_position(latest)
         known = {f.name for f in fields(TrainerState)}
         restored = TrainerState(**{k: v for k, v in saved.items() if k in known})
         restored.run_config, restored.config_hash = self.run_config, self.state.config_hash

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from egbert.errors import DataError
-from egbert.pretrain import data
+from egbert.pretrain import collators, data, sources
 from egbert.tokenizer import load_tokenizer
 
 CLS, SEP, PAD, MASK = 1, 2, 0, 3
@@ -41,7 +41,7 @@ def tokenizer(tiny_tokenizer_dir: Path):
 
 @pytest.fixture(scope="module")
 def wiki_tokenized(wikitext_slice: Path, tokenizer) -> Dataset:
-    docs = data.read_documents([wikitext_slice], doc_boundary="wikitext")
+    docs = sources.read_documents([wikitext_slice], doc_boundary="wikitext")
     return data.tokenize_documents(docs, tokenizer)
 
 
@@ -60,7 +60,7 @@ def test_wikitext_articles_start_at_titles_and_drop_headings(wikitext_slice: Pat
         for before, line, after in zip(lines, lines[1:], lines[2:], strict=False)
         if re.fullmatch(r" = [^=].* = ", line) and not before.strip() and not after.strip()
     ]
-    docs = data.read_documents([wikitext_slice], doc_boundary="wikitext")
+    docs = sources.read_documents([wikitext_slice], doc_boundary="wikitext")
     assert len(docs) == len(titles) > 5
     assert docs[0]["text"].startswith("Senjō no Valkyria 3 : <unk> Chronicles")
     for text in docs["text"]:
@@ -70,35 +70,35 @@ def test_wikitext_articles_start_at_titles_and_drop_headings(wikitext_slice: Pat
 
 def test_blank_line_and_file_boundaries(tmp_path: Path):
     corpus = write(tmp_path / "c.txt", "a one.\na two.\n\n\nb one.\n  \nc one.\n")
-    blank = data.read_documents([corpus], doc_boundary="blank")
+    blank = sources.read_documents([corpus], doc_boundary="blank")
     assert blank["text"] == ["a one.\na two.", "b one.", "c one."]
-    assert data.read_documents([corpus], doc_boundary="line")["text"] == [
+    assert sources.read_documents([corpus], doc_boundary="line")["text"] == [
         "a one.",
         "a two.",
         "b one.",
         "c one.",
     ]
-    whole = data.read_documents([corpus, corpus], doc_boundary="file")
+    whole = sources.read_documents([corpus, corpus], doc_boundary="file")
     assert whole["text"] == ["a one.\na two.\nb one.\nc one."] * 2
-    streamed = data.read_documents([corpus], doc_boundary="blank", streaming=True)
+    streamed = sources.read_documents([corpus], doc_boundary="blank", streaming=True)
     assert [row["text"] for row in streamed] == blank["text"]
 
 
 def test_an_edited_file_is_read_again_not_taken_from_the_cache(tmp_path: Path):
     corpus = write(tmp_path / "c.txt", "first text.\n")
-    assert data.read_documents([corpus])["text"] == ["first text."]
+    assert sources.read_documents([corpus])["text"] == ["first text."]
     write(corpus, "second text, longer.\n")
-    assert data.read_documents([corpus])["text"] == ["second text, longer."]
+    assert sources.read_documents([corpus])["text"] == ["second text, longer."]
 
 
 def test_latin1_book_names_file_and_offset_then_loads_with_its_encoding(data_dir: Path):
     book = data_dir / "corpus" / "gutenberg" / "chesterton-ball.txt"
     with pytest.raises(DataError) as error:
-        data.read_documents([book])
+        sources.read_documents([book])
     message = str(error.value)
     for expected in ("chesterton-ball.txt", "0xe8", "offset 229333", "encoding"):
         assert expected in message
-    docs = data.read_documents([book], encoding="latin-1")
+    docs = sources.read_documents([book], encoding="latin-1")
     assert len(docs) > 100 and any("è" in text for text in docs["text"])
 
 
@@ -106,28 +106,28 @@ def test_latin1_book_names_file_and_offset_then_loads_with_its_encoding(data_dir
 def test_a_file_without_text_is_an_error_naming_it(tmp_path: Path, text: str):
     empty = write(tmp_path / "empty.txt", text)
     with pytest.raises(DataError, match="empty.txt"):
-        data.read_documents([write(tmp_path / "ok.txt", "some text.\n"), empty])
+        sources.read_documents([write(tmp_path / "ok.txt", "some text.\n"), empty])
 
 
 def test_a_missing_file_is_an_error_naming_it(tmp_path: Path):
     with pytest.raises(DataError, match="nope.txt: no such file"):
-        data.read_documents([tmp_path / "nope.txt"])
+        sources.read_documents([tmp_path / "nope.txt"])
 
 
 def test_hub_offline_fails_fast_and_clearly():
     assert os.environ.get("HF_DATASETS_OFFLINE") == "1"
     start = time.perf_counter()
     with pytest.raises(DataError, match=r"could not reach the hub .*offline.*local text files"):
-        data.load_hub_documents("egbert-tests/no-such-corpus")
+        sources.load_hub_documents("egbert-tests/no-such-corpus")
     assert time.perf_counter() - start < 5
 
 
 def test_hub_loader_accepts_a_local_data_set_folder(tmp_path: Path):
     write(tmp_path / "part.txt", "one line.\n\nanother line.\n")
-    docs = data.load_hub_documents(str(tmp_path))
+    docs = sources.load_hub_documents(str(tmp_path))
     assert docs["text"] == ["one line.", "another line."]
     with pytest.raises(DataError, match="no column 'body'"):
-        data.load_hub_documents(str(tmp_path), text_column="body")
+        sources.load_hub_documents(str(tmp_path), text_column="body")
 
 
 # ---------------------------------------------------------------- tokens
@@ -137,7 +137,7 @@ def test_tokenize_documents_splits_sentences_without_special_tokens(tmp_path: Pa
     corpus = write(
         tmp_path / "c.txt", "The cat sat . The dog ran !\nA bird flew .\n\nOther doc .\n"
     )
-    docs = data.read_documents([corpus])
+    docs = sources.read_documents([corpus])
     tokenized = data.tokenize_documents(docs, tokenizer)
     expected = [["The cat sat .", "The dog ran !", "A bird flew ."], ["Other doc ."]]
     for document, sentences in zip(tokenized["input_ids"], expected, strict=True):
@@ -151,7 +151,7 @@ def test_tokenize_documents_splits_sentences_without_special_tokens(tmp_path: Pa
 
 def test_streaming_pipeline_matches_the_cached_one(wikitext_slice: Path, tokenizer):
     def blocks(streaming: bool) -> list[list[int]]:
-        docs = data.read_documents([wikitext_slice], doc_boundary="wikitext", streaming=streaming)
+        docs = sources.read_documents([wikitext_slice], doc_boundary="wikitext", streaming=streaming)
         tokenized = data.tokenize_documents(docs, tokenizer, split_sentences=False)
         return [row["input_ids"] for row in data.pack_blocks(tokenized, 128, 5)]
 
@@ -281,7 +281,7 @@ def sequences_with_specials(draw_lengths: list[tuple[int, int]], rng) -> np.ndar
 
 
 def mask(ids, rng, **options):
-    return data.mask_tokens_for_mlm(
+    return collators.mask_tokens_for_mlm(
         ids, special_ids=SPECIALS, mask_id=MASK, vocab_size=VOCAB, rng=rng, **options
     )
 
@@ -374,7 +374,7 @@ def test_mlm_collator_pads_masks_and_is_reproducible(wiki_tokenized, tokenizer):
         short_seq_prob=0.5,
     )
     examples = [pairs[i] for i in range(8)]
-    collator = data.MLMCollator(tokenizer, seed=7)
+    collator = collators.MLMCollator(tokenizer, seed=7)
     batch = collator(examples)
     lengths = [len(example["input_ids"]) for example in examples]
     assert batch["input_ids"].shape == (8, max(lengths))
@@ -400,7 +400,7 @@ def test_whole_word_masking_with_a_wordpiece_tokenizer(wiki_tokenized, tokenizer
         cls_id=tokenizer.cls_token_id,
         sep_id=tokenizer.sep_token_id,
     )
-    batch = data.MLMCollator(tokenizer, whole_word_mask=True)([pairs[i] for i in range(32)])
+    batch = collators.MLMCollator(tokenizer, whole_word_mask=True)([pairs[i] for i in range(32)])
     chosen = batch["labels"] != -100
     pieces = tokenizer.convert_ids_to_tokens(range(len(tokenizer)))
     continues = torch.tensor([piece.startswith("##") for piece in pieces])
@@ -426,7 +426,7 @@ def test_static_masks_pass_through_the_collator(wiki_tokenized, tokenizer):
         n_real = np.isin(original["input_ids"], tokenizer.all_special_ids, invert=True).sum()
         assert (np.array(example["labels"]) != -100).sum() == max(1, round(0.15 * n_real))
     examples = [masked[i] for i in range(4)]
-    batch = data.MLMCollator(tokenizer)(examples)
+    batch = collators.MLMCollator(tokenizer)(examples)
     for row, example in enumerate(examples):
         n = len(example["labels"])
         assert batch["labels"][row, :n].tolist() == example["labels"]
@@ -434,7 +434,7 @@ def test_static_masks_pass_through_the_collator(wiki_tokenized, tokenizer):
 
 
 def test_causal_collator_labels_copy_inputs_except_padding(tokenizer):
-    batch = data.CausalLMCollator(tokenizer)([{"input_ids": [7, 8, 9]}, {"input_ids": [5]}])
+    batch = collators.CausalLMCollator(tokenizer)([{"input_ids": [7, 8, 9]}, {"input_ids": [5]}])
     pad = tokenizer.pad_token_id
     assert batch["input_ids"].tolist() == [[7, 8, 9], [5, pad, pad]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]

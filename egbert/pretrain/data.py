@@ -1,19 +1,11 @@
-"""Pretraining data: text files or a hub data set -> documents -> token ids -> examples -> batches.
+"""Pretraining examples: documents -> token ids -> each family's examples.
 
-Every step goes through `datasets`, so results live in the Arrow cache and are reused by
-fingerprint; `streaming=True` gives `IterableDataset`s for corpora larger than memory or disk.
-Each example builder is a pure function of (tokenized documents, options, seed).
-
-Documents (one row per document, column "text"):
-    read_documents(files, doc_boundary="blank", encoding="utf-8", errors="strict",
-                   streaming=False)
-        doc_boundary: "blank" (blank lines separate documents), "wikitext" (a ` = Title = `
-        line starts an article; heading lines are dropped), "line" (one document per line)
-        or "file" (one document per file). Undecodable bytes or a file without text raise
-        DataError naming the file (and the byte offset).
-    load_hub_documents(name, text_column="text", split="train", config_name=None,
-                       streaming=False)
-        a hub data set name or a local data set path; each row is a document.
+Every step goes through `datasets`: cached data sets live in the Arrow cache and are reused by
+fingerprint; streamed ones (`IterableDataset`) are built as they are read, by batched maps whose
+position `IterableDataset.state_dict()` records, so that a resumed stream goes on where it
+stopped. Documents come from egbert.pretrain.sources; batches are made by
+egbert.pretrain.collators. Each example builder is a pure function of (tokenized documents,
+options, seed).
 
 Token ids (one row per document, column "input_ids": list of segments, each a list of ids):
     tokenize_documents(docs, tokenizer, split_sentences=True, num_proc=None, batch_size=1000)
@@ -34,44 +26,30 @@ Examples:
                      whole_word_mask=False, seed=0, num_proc=None)
         BERT's static masking (use with dupe_factor > 1): adds a "labels" column.
 
-Masking and batches:
-    mask_tokens_for_mlm(input_ids, *, special_ids, mask_id, vocab_size, rng,
-                        mlm_probability=0.15, max_predictions=None, word_continuation=None)
-        -> (masked input_ids, labels) as torch.LongTensors.
-    wordpiece_continuations(tokenizer) -> bool array over the vocabulary ("##" pieces).
-    MLMCollator(tokenizer, mlm_probability=0.15, max_predictions=None, whole_word_mask=False,
-                seed=0): pads (right), adds attention_mask, masks dynamically unless the
-                examples carry static "labels"; call set_epoch(epoch) every epoch.
-    CausalLMCollator(tokenizer): pads, attention_mask, labels = input_ids (-100 on padding).
-
+Streamed, the builders work on groups of STREAM_GROUP_DOCUMENTS documents: NSP draws its
+NotNext segments from the other documents of the group, and packing drops each group's last
+partial block (as run_clm.py's group_texts does per batch of 1,000 rows).
 Data sets come back unshuffled, in document order: the trainer's sampler shuffles.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import re
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
-import datasets
 import numpy as np
-import torch
 from datasets import Dataset, Features, IterableDataset, List, Value
-from datasets.exceptions import DatasetGenerationError
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
-from egbert.errors import ConfigError, DataError, EgbertError
-from egbert.tokenizer import check_encoding
+from egbert.errors import ConfigError, DataError
+from egbert.pretrain.collators import mask_tokens_for_mlm, masking_options
+from egbert.pretrain.sources import cached_from_generator
 
-DOC_BOUNDARIES = ("blank", "wikitext", "line", "file")
 TokenizedDocs = Dataset | IterableDataset
 
-TEXT_FEATURES = Features({"text": Value("string")})
 TOKENIZED_FEATURES = Features({"input_ids": List(List(Value("int32")))})
 BLOCK_FEATURES = Features({"input_ids": List(Value("int32"))})
 NSP_FEATURES = Features(
@@ -85,183 +63,8 @@ NSP_FEATURES = Features(
 # A sentence ends at . ! or ? followed by whitespace and a capital. A heuristic, but BERT only
 # needs plausible sentence units to choose its A/B split points from.
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
-# How many recent documents a streaming NSP builder draws its random "NotNext" segments from.
-STREAMING_DOCUMENT_POOL = 1000
-
-
-# ---------------------------------------------------------------- documents
-
-
-def read_documents(
-    files: Sequence[str | os.PathLike],
-    doc_boundary: str = "blank",
-    encoding: str = "utf-8",
-    errors: str = "strict",
-    streaming: bool = False,
-) -> Dataset | IterableDataset:
-    """Read text files into one row per document (column "text", lines joined with newlines)."""
-    if doc_boundary not in DOC_BOUNDARIES:
-        raise ConfigError(
-            f"unknown doc_boundary {doc_boundary!r}; choose one of {', '.join(DOC_BOUNDARIES)}"
-        )
-    check_encoding(encoding, errors)
-    # (path, size, mtime) so that an edited file misses the Arrow cache instead of reusing it.
-    stamped = [(str(path), *_size_and_mtime(path)) for path in _check_files(files)]
-    gen_kwargs = {
-        "files": stamped,
-        "doc_boundary": doc_boundary,
-        "encoding": encoding,
-        "errors": errors,
-    }
-    if streaming:
-        return IterableDataset.from_generator(
-            _document_rows, features=TEXT_FEATURES, gen_kwargs=gen_kwargs
-        )
-    return _cached_from_generator(_document_rows, TEXT_FEATURES, gen_kwargs)
-
-
-def _cached_from_generator(
-    generator: Callable, features: Features, gen_kwargs: dict, fingerprint: str | None = None
-) -> Dataset:
-    try:
-        return Dataset.from_generator(
-            generator, features=features, gen_kwargs=gen_kwargs, fingerprint=fingerprint
-        )
-    except DatasetGenerationError as error:
-        # `datasets` wraps whatever the generator raised; give the user our one-line message.
-        if isinstance(error.__cause__, EgbertError):
-            raise error.__cause__ from None
-        raise
-
-
-def _check_files(files: Sequence[str | os.PathLike]) -> list[Path]:
-    if isinstance(files, (str, os.PathLike)):
-        files = [files]
-    if not files:
-        raise DataError("no training text files given; pass at least one with --train-files")
-    paths = [Path(file) for file in files]
-    for path in paths:
-        if not path.is_file():
-            raise DataError(f"{path}: no such file")
-        if path.stat().st_size == 0:
-            raise DataError(f"{path}: the file is empty; pass a file with text in it")
-    return paths
-
-
-def _size_and_mtime(path: Path) -> tuple[int, int]:
-    stat = path.stat()
-    return stat.st_size, stat.st_mtime_ns
-
-
-def _document_rows(
-    files: list[tuple[str, int, int]], doc_boundary: str, encoding: str, errors: str
-) -> Iterator[dict[str, str]]:
-    for path, _size, _mtime in files:
-        found = False
-        for lines in _split_documents(_decoded_lines(path, encoding, errors), doc_boundary):
-            found = True
-            yield {"text": "\n".join(lines)}
-        if not found:
-            raise DataError(f"{path}: no text in the file (only blank or heading lines)")
-
-
-def _decoded_lines(path: str, encoding: str, errors: str) -> Iterator[str]:
-    """The file's lines, stripped; reading bytes lets a decode error name its byte offset."""
-    offset = 0
-    with open(path, "rb") as handle:
-        for raw in handle:
-            try:
-                line = raw.decode(encoding, errors)
-            except UnicodeDecodeError as error:
-                raise DataError(
-                    f"{path}: byte 0x{raw[error.start]:02x} at offset {offset + error.start} is "
-                    f"not valid {encoding}; pass the file's encoding (e.g. encoding='latin-1', "
-                    "--encoding latin-1) or errors='replace'"
-                ) from None
-            if offset == 0:
-                line = line.lstrip("\ufeff")  # a byte-order mark is not text
-            offset += len(raw)
-            yield line.strip()
-
-
-def _split_documents(lines: Iterable[str], doc_boundary: str) -> Iterator[list[str]]:
-    """Group non-blank lines into documents according to `doc_boundary`."""
-    if doc_boundary == "wikitext":
-        yield from _wikitext_articles(lines)
-        return
-    document: list[str] = []
-    for line in lines:
-        if not line:
-            if doc_boundary == "blank" and document:
-                yield document
-                document = []
-        elif doc_boundary == "line":
-            yield [line]
-        else:
-            document.append(line)
-    if document:
-        yield document
-
-
-def _wikitext_articles(lines: Iterable[str]) -> Iterator[list[str]]:
-    """WikiText articles: ` = Title = ` starts one, heading lines are dropped.
-
-    A heading stands between blank lines; that tells it from table rows that look like one
-    (` = Played , W = `). This finds WikiText-2's 600 / 60 / 60 train / valid / test articles.
-    ` = = Section = = ` (two or more signs) is a heading inside an article.
-    """
-    document: list[str] = []
-    previous = ""
-    lines = iter(lines)
-    line = next(lines, None)
-    while line is not None:
-        following = next(lines, None)
-        heading = not previous and not following and line.startswith("= ") and line.endswith(" =")
-        if heading and not line.startswith("= =") and document:
-            yield document
-            document = []
-        elif line and not heading:
-            document.append(line)
-        previous, line = line, following
-    if document:
-        yield document
-
-
-def load_hub_documents(
-    name: str,
-    text_column: str = "text",
-    split: str = "train",
-    config_name: str | None = None,
-    streaming: bool = False,
-) -> Dataset | IterableDataset:
-    """Load a hub data set (or a local data set directory) as documents, one per non-empty row."""
-    try:
-        loaded = datasets.load_dataset(name, config_name, split=split, streaming=streaming)
-    except ConnectionError:
-        raise DataError(
-            f"could not reach the hub for data set {name!r} (offline?); pass local text files "
-            "with --train-files instead"
-        ) from None
-    except FileNotFoundError:
-        raise DataError(
-            f"no data set {name!r} on the hub or on disk; check the name or pass local text files"
-        ) from None
-    except ValueError as error:  # an unknown split or config
-        raise DataError(f"data set {name!r}: {error}") from None
-    columns = loaded.column_names  # None for some streamed data sets: checked when read
-    if columns is not None and text_column not in columns:
-        raise DataError(
-            f"data set {name!r} has no column {text_column!r}; its columns are "
-            f"{', '.join(columns)}: pass one as the text column"
-        )
-    documents = loaded.select_columns([text_column])
-    if text_column != "text":
-        documents = documents.rename_column(text_column, "text")
-    return documents.filter(_has_text, batched=True)
-
-
-def _has_text(batch: dict[str, list]) -> list[bool]:
-    return [bool(text and text.strip()) for text in batch["text"]]
+# Documents per group of a streamed builder (see the module doc).
+STREAM_GROUP_DOCUMENTS = 1000
 
 
 # ---------------------------------------------------------------- tokens
@@ -367,10 +170,13 @@ def build_nsp_examples(
         "seed": seed,
     }
     if isinstance(tokenized, IterableDataset):
-        return IterableDataset.from_generator(
-            _streaming_nsp_examples,
+        return tokenized.map(
+            _streaming_nsp_batch,
+            batched=True,
+            batch_size=STREAM_GROUP_DOCUMENTS,
+            fn_kwargs=options,
+            remove_columns=["input_ids"],
             features=NSP_FEATURES,
-            gen_kwargs={"tokenized": tokenized, **options},
         )
     documents = tokenized.with_format(None)
     return documents.map(
@@ -403,25 +209,29 @@ def _nsp_batch(
     return examples
 
 
-def _streaming_nsp_examples(tokenized: IterableDataset, **options) -> Iterator[dict]:
-    """Streaming variant: NotNext segments come from a pool of recently seen documents."""
-    pool: deque[list[list[int]]] = deque(maxlen=STREAMING_DOCUMENT_POOL)
-    for index, row in enumerate(tokenized):
-        document = row["input_ids"]
-        pool.append(document)
+def _streaming_nsp_batch(batch: dict[str, list], **options) -> dict[str, list]:
+    """Pairs of a group of streamed documents, NotNext segments from the group's others. Each
+    document's generator is seeded by its token ids: the pairs do not depend on where the
+    stream was split among processes or resumed."""
+    documents = batch["input_ids"]
+    examples = _empty_nsp_columns()
+    for position, document in enumerate(documents):
 
-        def other_document(_index: int, rng: random.Random) -> list[list[int]]:
-            # The newest pool entry is this document; skip it unless it is all there is.
-            return pool[rng.randrange(len(pool) - 1)] if len(pool) > 1 else pool[0]
+        def other_document(_key: int, rng: random.Random, position=position) -> list[list[int]]:
+            if len(documents) == 1:
+                return documents[0]
+            other = rng.randrange(len(documents) - 1)
+            return documents[other + (other >= position)]
 
-        examples = _empty_nsp_columns()
-        _add_pairs_of_document(document, index, other_document, examples, **options)
-        for input_ids, token_type_ids, label in zip(*examples.values(), strict=True):
-            yield {
-                "input_ids": input_ids,
-                "token_type_ids": token_type_ids,
-                "next_sentence_label": label,
-            }
+        _add_pairs_of_document(
+            document, _document_key(document), other_document, examples, **options
+        )
+    return examples
+
+
+def _document_key(document: list[list[int]]) -> int:
+    ids = np.fromiter((token for segment in document for token in segment), dtype=np.int64)
+    return int.from_bytes(hashlib.blake2b(ids.tobytes(), digest_size=8).digest(), "little")
 
 
 def _empty_nsp_columns() -> dict[str, list]:
@@ -572,15 +382,41 @@ def _packed(
         "suffix": suffix,
     }
     if isinstance(tokenized, IterableDataset):
-        return IterableDataset.from_generator(
-            _packed_rows, features=BLOCK_FEATURES, gen_kwargs=gen_kwargs
+        return tokenized.map(
+            _packed_batch,
+            batched=True,
+            batch_size=STREAM_GROUP_DOCUMENTS,
+            fn_kwargs={name: value for name, value in gen_kwargs.items() if name != "tokenized"},
+            remove_columns=["input_ids"],
+            features=BLOCK_FEATURES,
         )
     # Packing is sequential (a block spans documents), so it runs as one generator; its cache
     # key is the input's fingerprint and the options, not a hash of the whole input.
     fingerprint = Hasher.hash(
         [_packed_rows, tokenized._fingerprint, block_size, separator_id, prefix, suffix]
     )
-    return _cached_from_generator(_packed_rows, BLOCK_FEATURES, gen_kwargs, fingerprint)
+    return cached_from_generator(_packed_rows, BLOCK_FEATURES, gen_kwargs, fingerprint)
+
+
+def _packed_batch(
+    batch: dict[str, list],
+    block_size: int,
+    separator_id: int,
+    prefix: tuple[int, ...],
+    suffix: tuple[int, ...],
+) -> dict[str, list]:
+    """The blocks of one group of streamed documents; its last partial block is dropped."""
+    buffer: list[int] = []
+    for document in batch["input_ids"]:
+        for segment in document:
+            buffer.extend(segment)
+        buffer.append(separator_id)
+    full = len(buffer) // block_size * block_size
+    blocks = [
+        [*prefix, *buffer[start : start + block_size], *suffix]
+        for start in range(0, full, block_size)
+    ]
+    return {"input_ids": blocks}
 
 
 def _packed_rows(
@@ -609,137 +445,6 @@ def _packed_rows(
         )
 
 
-# ---------------------------------------------------------------- masking
-
-
-def mask_tokens_for_mlm(
-    input_ids: torch.Tensor | np.ndarray | Sequence,
-    *,
-    special_ids: Iterable[int],
-    mask_id: int,
-    vocab_size: int,
-    rng: np.random.Generator,
-    mlm_probability: float = 0.15,
-    max_predictions: int | None = None,
-    word_continuation: np.ndarray | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """BERT's masking of one sequence or a (batch, seq) batch; returns (input_ids, labels).
-
-    In each sequence exactly `min(max_predictions, max(1, round(mlm_probability * n)))`
-    positions are chosen, n counting the tokens that are not special (specials, padding
-    included, are never chosen); `max_predictions=None` means no cap (BERT used 20 at length
-    128 and 80 at 512). Of the chosen tokens 80% become `mask_id`, 10% a random non-special
-    token, 10% stay. Labels hold the original id at chosen positions, -100 elsewhere.
-    With `word_continuation` (a bool per vocabulary id, True for WordPiece "##" pieces; see
-    `wordpiece_continuations`) whole words are chosen together, and the count is at most the
-    number above, since a word is never split.
-    """
-    if not 0.0 < mlm_probability <= 1.0:
-        raise ConfigError(f"mlm_probability {mlm_probability} must be in (0, 1]")
-    ids = np.array(input_ids, dtype=np.int64)  # a copy: the caller's ids stay as they were
-    rows = ids.reshape(-1, ids.shape[-1])
-    labels = np.full_like(rows, -100)
-    is_special = np.zeros(vocab_size, dtype=bool)  # a lookup table: faster than np.isin
-    is_special[list(special_ids)] = True
-    for row, row_labels in zip(rows, labels, strict=True):
-        _mask_sequence(
-            row,
-            row_labels,
-            is_special,
-            mask_id=mask_id,
-            rng=rng,
-            mlm_probability=mlm_probability,
-            max_predictions=max_predictions,
-            word_continuation=word_continuation,
-        )
-    return torch.from_numpy(ids), torch.from_numpy(labels.reshape(ids.shape))
-
-
-def _mask_sequence(
-    ids: np.ndarray,
-    labels: np.ndarray,
-    is_special: np.ndarray,
-    mask_id: int,
-    rng: np.random.Generator,
-    mlm_probability: float,
-    max_predictions: int | None,
-    word_continuation: np.ndarray | None,
-) -> None:
-    """Mask `ids` in place and write the originals of the chosen positions into `labels`."""
-    candidates = np.flatnonzero(~is_special[ids])
-    if len(candidates) == 0:
-        return
-    count = max(1, round(mlm_probability * len(candidates)))
-    if max_predictions is not None:
-        count = min(count, max_predictions)
-    if word_continuation is None:
-        chosen = rng.choice(candidates, size=count, replace=False)
-    else:
-        chosen = _whole_word_positions(candidates, word_continuation[ids[candidates]], count, rng)
-    labels[chosen] = ids[chosen]
-    # 80% [MASK]; 10% a random token, so the model cannot trust unmasked inputs blindly; 10%
-    # unchanged, so it also learns representations for the tokens it actually sees.
-    roll = rng.random(len(chosen))
-    ids[chosen[roll < 0.8]] = mask_id
-    randomized = chosen[(roll >= 0.8) & (roll < 0.9)]
-    ids[randomized] = _random_non_special(len(randomized), is_special, rng)
-
-
-def _whole_word_positions(
-    candidates: np.ndarray, continues: np.ndarray, count: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Whole words in random order while they fit in `count` (BERT skips a word that would not)."""
-    starts = ~continues
-    starts[0] = True
-    starts[1:] |= np.diff(candidates) != 1  # a piece after a special token starts a word
-    words = np.split(candidates, np.flatnonzero(starts)[1:])
-    chosen: list[int] = []
-    for word in rng.permutation(len(words)):
-        if len(chosen) + len(words[word]) <= count:
-            chosen.extend(words[word])
-        if len(chosen) == count:
-            break
-    return np.array(chosen, dtype=np.int64)
-
-
-def _random_non_special(size: int, is_special: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    # Rejection sampling: the specials are a handful of ids, so redraws are rare.
-    tokens = rng.integers(0, len(is_special), size=size)
-    while (redraw := is_special[tokens]).any():
-        tokens[redraw] = rng.integers(0, len(is_special), size=int(redraw.sum()))
-    return tokens
-
-
-def wordpiece_continuations(tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
-    """True for each vocabulary id whose token continues a word (WordPiece "##" pieces)."""
-    continuation = np.zeros(len(tokenizer), dtype=bool)
-    for token, index in tokenizer.get_vocab().items():
-        continuation[index] = token.startswith("##")
-    if not continuation.any():
-        raise ConfigError(
-            "whole-word masking needs a WordPiece tokenizer ('##' pieces); this one has none"
-        )
-    return continuation
-
-
-def _masking_options(
-    tokenizer: PreTrainedTokenizerBase,
-    mlm_probability: float,
-    max_predictions: int | None,
-    whole_word_mask: bool,
-) -> dict:
-    if tokenizer.mask_token_id is None:
-        raise ConfigError("masked LM needs a tokenizer with a mask token ([MASK])")
-    return {
-        "special_ids": tokenizer.all_special_ids,
-        "mask_id": tokenizer.mask_token_id,
-        "vocab_size": len(tokenizer),
-        "mlm_probability": mlm_probability,
-        "max_predictions": max_predictions,
-        "word_continuation": wordpiece_continuations(tokenizer) if whole_word_mask else None,
-    }
-
-
 def add_static_masks(
     examples: Dataset,
     tokenizer: PreTrainedTokenizerBase,
@@ -758,7 +463,7 @@ def add_static_masks(
         with_indices=True,
         fn_kwargs={
             "seed": seed,
-            **_masking_options(tokenizer, mlm_probability, max_predictions, whole_word_mask),
+            **masking_options(tokenizer, mlm_probability, max_predictions, whole_word_mask),
         },
         num_proc=num_proc,
         desc="masking",
@@ -776,89 +481,3 @@ def _static_mask_batch(
         masked.append(new_ids.tolist())
         labels.append(new_labels.tolist())
     return {"input_ids": masked, "labels": labels}
-
-
-# ---------------------------------------------------------------- collators
-
-
-class MLMCollator:
-    """Pads a list of examples into a batch (right padding) and masks it for MLM.
-
-    Masks are dynamic (new each epoch, BERT-style 80/10/10; see `mask_tokens_for_mlm`) unless
-    the examples carry static "labels" (`add_static_masks`), which are then padded with -100.
-    Each example's mask is drawn from a generator seeded by (seed, epoch, the example's ids):
-    reproducible, independent of batch size, process count and of batches skipped on resume.
-    Call `set_epoch(epoch)` at the start of every epoch.
-    Returns input_ids, attention_mask, labels, and token_type_ids / next_sentence_label when
-    the examples have them, all as int64 tensors.
-    """
-
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        mlm_probability: float = 0.15,
-        max_predictions: int | None = None,
-        whole_word_mask: bool = False,
-        seed: int = 0,
-    ) -> None:
-        self.pad_id = tokenizer.pad_token_id
-        self.masking = _masking_options(
-            tokenizer, mlm_probability, max_predictions, whole_word_mask
-        )
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
-        rows = [np.asarray(example["input_ids"], dtype=np.int64) for example in examples]
-        if "labels" in examples[0]:
-            labels = [np.asarray(example["labels"], dtype=np.int64) for example in examples]
-        else:
-            labels = []
-            for index, ids in enumerate(rows):
-                rows[index], row_labels = mask_tokens_for_mlm(
-                    ids, rng=self._example_rng(ids), **self.masking
-                )
-                labels.append(row_labels)
-        batch = {
-            "input_ids": _pad(rows, self.pad_id),
-            "attention_mask": _pad([np.ones(len(ids), dtype=np.int64) for ids in rows], 0),
-            "labels": _pad(labels, -100),
-        }
-        if "token_type_ids" in examples[0]:
-            batch["token_type_ids"] = _pad([example["token_type_ids"] for example in examples], 0)
-        if "next_sentence_label" in examples[0]:
-            batch["next_sentence_label"] = torch.tensor(
-                [int(example["next_sentence_label"]) for example in examples], dtype=torch.long
-            )
-        return batch
-
-    def _example_rng(self, ids: np.ndarray) -> np.random.Generator:
-        digest = hashlib.blake2b(ids.tobytes(), digest_size=8).digest()
-        return np.random.default_rng([self.seed, self.epoch, int.from_bytes(digest, "little")])
-
-
-class CausalLMCollator:
-    """Pads examples into a batch for GPT / ELMo: input_ids, attention_mask and labels (a copy
-    of input_ids with -100 on padding; the models shift the labels themselves)."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        pad_id = tokenizer.pad_token_id
-        self.pad_id = tokenizer.eos_token_id if pad_id is None else pad_id
-
-    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
-        rows = [example["input_ids"] for example in examples]
-        input_ids = _pad(rows, self.pad_id)
-        attention_mask = _pad([[1] * len(ids) for ids in rows], 0)
-        labels = input_ids.masked_fill(attention_mask == 0, -100)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
-def _pad(rows: Sequence[Sequence[int] | np.ndarray | torch.Tensor], value: int) -> torch.Tensor:
-    """Right-pad rows of ids into a (batch, longest) int64 tensor."""
-    padded = np.full((len(rows), max(len(row) for row in rows)), value, dtype=np.int64)
-    for index, row in enumerate(rows):
-        padded[index, : len(row)] = row
-    return torch.from_numpy(padded)

@@ -48,11 +48,12 @@ from egbert.models.bert import (
 )
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
-from egbert.pretrain import data
+from egbert.pretrain import collators, data, sources
 from egbert.report import ModelCardInfo
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 from egbert.trainer import Trainer, TrainOutput
 
+Documents = Dataset | IterableDataset
 CONFIG_CLASSES = {"bert": EgbertBertConfig, "gpt": EgbertGPTConfig, "elmo": EgbertElmoConfig}
 
 # Options whose default differs by family, where the trainer's default leaves that family's
@@ -92,7 +93,8 @@ def family_defaults_text() -> str:
 
 
 DESCRIPTION = (
-    "Pretrain a bert (MLM + NSP), gpt (causal LM) or elmo (biLM) model on plain-text files. "
+    "Pretrain a bert (MLM + NSP), gpt (causal LM) or elmo (biLM) model on text, table or Hub "
+    "corpora. "
     "Every option can also be set in a YAML/JSON file given with --config. "
     f"Family defaults: {family_defaults_text()}."
 )
@@ -143,12 +145,17 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
     set_seed(training_args.seed)  # the model's initial weights
     model, preset = build_model(args, tokenizer)
     check_vocab_matches(tokenizer, model.config.vocab_size, f"the {args.model} model")
-    train_set, collator = build_examples(args, tokenizer, args.train_files, training_args.seed)
+    train_documents, eval_documents = load_corpus(args, training_args.seed)
+    train_set, collator = examples_from_documents(
+        args, tokenizer, train_documents, training_args.seed
+    )
+    if args.shuffle_buffer:
+        train_set = train_set.shuffle(seed=training_args.seed, buffer_size=args.shuffle_buffer)
     eval_set, eval_collator = None, None
-    if args.validation_files:
+    if eval_documents is not None:
         # Its own collator: the eval masks stay those of epoch 0, so evaluations compare.
-        eval_set, eval_collator = build_examples(
-            args, tokenizer, args.validation_files, training_args.seed
+        eval_set, eval_collator = examples_from_documents(
+            args, tokenizer, eval_documents, training_args.seed
         )
         if args.max_eval_samples is not None:
             eval_set = first_examples(eval_set, args.max_eval_samples)
@@ -249,24 +256,67 @@ def _load_existing_model(args: PretrainArguments) -> PreTrainedModel:
 # ---------------------------------------------------------------- data
 
 
+def load_corpus(args: PretrainArguments, seed: int) -> tuple[Documents, Documents | None]:
+    """The training documents and the validation documents (None without validation)."""
+    options = {
+        "text_column": args.text_column,
+        "doc_boundary": args.doc_boundary,
+        "encoding": args.encoding,
+        "errors": args.encoding_errors,
+        "streaming": args.streaming,
+        "seed": seed,
+    }
+    train = sources.load_documents(
+        args.train_files,
+        dataset=args.dataset,
+        dataset_config=args.dataset_config,
+        split=args.split,
+        weights=args.source_weights or None,
+        **options,
+    )
+    if args.validation_files:
+        return train, sources.load_documents(args.validation_files, **options)
+    if args.validation_split is not None:
+        validation = sources.load_hub_documents(
+            args.dataset,
+            args.text_column,
+            args.validation_split,
+            args.dataset_config,
+            args.streaming,
+        )
+        return train, validation
+    if args.validation_split_percentage is not None:
+        return sources.split_validation(train, args.validation_split_percentage)
+    return train, None
+
+
 def build_examples(
     args: PretrainArguments, tokenizer, files: list[str], seed: int
 ) -> tuple[Dataset | IterableDataset, Any]:
-    """Files -> documents -> token ids -> this family's examples, and the collator for them."""
-    _check_special_tokens(args, tokenizer)
-    documents = data.read_documents(
+    """Files (the kinds --train-files takes) -> this family's examples, and their collator."""
+    documents = sources.load_documents(
         files,
+        text_column=args.text_column,
         doc_boundary=args.doc_boundary,
         encoding=args.encoding,
         errors=args.encoding_errors,
         streaming=args.streaming,
+        seed=seed,
     )
+    return examples_from_documents(args, tokenizer, documents, seed)
+
+
+def examples_from_documents(
+    args: PretrainArguments, tokenizer, documents: Documents, seed: int
+) -> tuple[Dataset | IterableDataset, Any]:
+    """Documents -> token ids -> this family's examples, and the collator for them."""
+    _check_special_tokens(args, tokenizer)
     tokenized = data.tokenize_documents(
         documents, tokenizer, split_sentences=args.model == "bert", num_proc=args.num_proc
     )
     if args.model != "bert":
         return data.pack_blocks(tokenized, args.seq_len, tokenizer.eos_token_id), (
-            data.CausalLMCollator(tokenizer)
+            collators.CausalLMCollator(tokenizer)
         )
     ids = {"cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id}
     if args.nsp:
@@ -290,7 +340,7 @@ def build_examples(
             seed=seed,
             num_proc=args.num_proc,
         )
-    collator = data.MLMCollator(
+    collator = collators.MLMCollator(
         tokenizer,
         mlm_probability=args.mlm_probability,
         whole_word_mask=args.whole_word_mask,
@@ -331,6 +381,8 @@ def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> di
             "validation_files": _file_identities(args.validation_files),
             "doc_boundary": args.doc_boundary,
             "encoding": args.encoding,
+            # Left out at their defaults, so that checkpoints from before these options resume.
+            **{name: value for name, value in _source_options(args).items() if value},
         },
         "seq_len": args.seq_len,
         "mlm_probability": args.mlm_probability,
@@ -339,12 +391,32 @@ def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> di
     }
 
 
+def _source_options(args: PretrainArguments) -> dict[str, Any]:
+    return {
+        "dataset": args.dataset,
+        "dataset_config": args.dataset_config,
+        "split": args.split if args.dataset else None,
+        "text_column": args.text_column,
+        "source_weights": args.source_weights,
+        "validation_split": args.validation_split,
+        "validation_split_percentage": args.validation_split_percentage,
+        "streaming": args.streaming,
+        "shuffle_buffer": args.shuffle_buffer,
+    }
+
+
 def _file_identities(files: list[str]) -> list[str]:
     identities = []
     for name in files:
         path = Path(name).resolve()
-        size = path.stat().st_size if path.is_file() else "missing"
-        identities.append(f"{path} ({size} bytes)")
+        size = (
+            f"{path.stat().st_size} bytes"
+            if path.is_file()
+            else "folder"
+            if path.is_dir()
+            else "missing"
+        )
+        identities.append(f"{path} ({size})")
     return identities
 
 
