@@ -151,7 +151,9 @@ def test_tokenize_documents_splits_sentences_without_special_tokens(tmp_path: Pa
 
 def test_streaming_pipeline_matches_the_cached_one(wikitext_slice: Path, tokenizer):
     def blocks(streaming: bool) -> list[list[int]]:
-        docs = sources.read_documents([wikitext_slice], doc_boundary="wikitext", streaming=streaming)
+        docs = sources.read_documents(
+            [wikitext_slice], doc_boundary="wikitext", streaming=streaming
+        )
         tokenized = data.tokenize_documents(docs, tokenizer, split_sentences=False)
         return [row["input_ids"] for row in data.pack_blocks(tokenized, 128, 5)]
 
