@@ -197,8 +197,11 @@ def split_stream(
     """This process's part of a stream: whole shards when there are at least as many as
     processes (each process reads and tokenizes only its own), else every world_size-th example
     (each process reads the whole stream)."""
-    strategy = "shards" if stream.num_shards >= world_size else "examples"
-    return split_dataset_by_node(stream, rank=rank, world_size=world_size, strategy=strategy)
+    if stream.num_shards >= world_size and stream.num_shards % world_size:
+        # split_dataset_by_node would fall back to every world_size-th example here; shards
+        # read whole are cheaper, even if some processes get one more than others.
+        return stream.shard(num_shards=world_size, index=rank, contiguous=False)
+    return split_dataset_by_node(stream, rank=rank, world_size=world_size)
 
 
 @contextmanager

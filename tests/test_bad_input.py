@@ -71,7 +71,12 @@ CASES = [
     # ---------------------------------------------------------------- pretrain
     ("pretrain", "missing file", f"{PRETRAIN} --train-files {{missing}}", "no such file"),
     ("pretrain", "empty file", f"{PRETRAIN} --train-files {{empty}}", "the file is empty"),
-    ("pretrain", "binary junk", f"{PRETRAIN} --train-files {{junk}}", "is not valid utf-8"),
+    ("pretrain", "binary junk", f"{PRETRAIN} --train-files {{junk}}", "unknown extension '.bin'"),
+    ("pretrain", "binary junk as text", f"{PRETRAIN} --train-files {{junk_text}}",
+     "is not valid utf-8"),
+    ("pretrain", "missing text column",
+     f"{PRETRAIN} --train-files {{late_bad}} --text-column title",
+     "no column 'title'"),
     ("pretrain", "Latin-1 text", f"{PRETRAIN} --train-files {{latin1}}", "--encoding latin-1"),
     ("pretrain", "unknown encoding", f"{PRETRAIN} --train-files {{text}} --encoding nope",
      "unknown --encoding 'nope'"),
@@ -269,6 +274,7 @@ def inputs(
     file("text.txt", "".join(line for line in lines if line.strip()))
     file("empty.txt", "")
     file("junk.bin", junk)
+    file("junk_text.txt", junk)
     file("latin1.txt", LATIN1)
     file("long.txt", ("the quick brown fox jumps over the lazy dog " * 25_000)[:LONG_LINE_BYTES])
     file("late_bad.jsonl", '{"text": "fine"}\n' * 40 + '{"body": "no text field"}\n')

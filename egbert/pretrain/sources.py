@@ -172,8 +172,8 @@ def _open_binary(path: str):
     compression = Path(path).suffix
     if compression == ".zst":
         _check_zstandard(path)
-        import zstandard
-
+        # Optional (pip install egbert[zstd]): imported by name, only when a .zst file is read.
+        zstandard = importlib.import_module("zstandard")
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))
     return COMPRESSIONS.get(compression, open)(path, "rb")
 
@@ -460,7 +460,8 @@ def _kind(path: Path) -> str:
         return "text"
     raise DataError(
         f"{path}: unknown extension {path.suffix!r}; pass text (.txt, .tokens, also .gz .bz2 "
-        ".xz .zst), .jsonl, .json, .csv or .parquet files, or a data set folder"
+        ".xz .zst), .jsonl, .json, .csv or .parquet files, or a data set folder (rename a text "
+        "file to .txt)"
     )
 
 
