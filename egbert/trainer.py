@@ -743,8 +743,14 @@ class Trainer:
 
     def _load_stream_position(self, checkpoint: Path) -> None:
         path = self._stream_position_file(checkpoint)
-        if self.stream is not None and path.is_file():
+        if self.stream is None:
+            return
+        if path.is_file():
             self.stream.stream.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
+        else:  # a checkpoint of a run that was not streamed (--resume-anyway)
+            self.log.message(
+                f"egbert: {checkpoint} holds no stream position; reading from the start"
+            )
 
     def _start_or_resume(self) -> None:
         self.checkpoints.clean_leftovers(self.output_dir)
