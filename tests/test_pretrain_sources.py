@@ -212,3 +212,35 @@ def test_pretraining_on_mixed_table_files_with_held_out_validation(
     assert result.step == 3 and result.metrics["loss"] > 0
     saved = json.loads((tmp_path / "run" / "pretrain_args.json").read_text())["pretrain"]
     assert saved["source_weights"] == [1.0, 2.0]
+
+
+@pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
+def test_pretraining_on_a_local_copy_of_a_hub_data_set_with_its_validation_split(
+    tmp_path: Path, wikitext_slice: Path, tiny_tokenizer_dir: Path
+):
+    articles = texts(sources.read_documents([wikitext_slice], doc_boundary="wikitext"))
+    datasets.DatasetDict(
+        {"train": Dataset.from_dict({"article": articles[:30], "id": list(range(30))}),
+         "validation": Dataset.from_dict({"article": articles[30:40], "id": list(range(10))})}
+    ).save_to_disk(tmp_path / "hub-copy")  # fmt: skip
+    options = {
+        "model": "bert",
+        "tokenizer": str(tiny_tokenizer_dir),
+        "dataset": str(tmp_path / "hub-copy"),
+        "split": "train",
+        "text_column": "article",
+        "seq_len": 32,
+        "batch_size": 4,
+        "max_steps": 2,
+        "use_cpu": True,
+    }
+    result = egbert.run_pretraining(
+        **options, validation_split="validation", output_dir=str(tmp_path / "run")
+    )
+    assert result.step == 2 and "nsp_accuracy" in result.metrics
+    with pytest.raises(ConfigError, match="--validation-split names a split of --dataset"):
+        egbert.run_pretraining(
+            **{**options, "dataset": None, "train_files": [str(wikitext_slice)]},
+            validation_split="validation",
+            output_dir=str(tmp_path / "refused"),
+        )
