@@ -263,7 +263,7 @@ class PretrainArguments:
     validation_split_percentage: float | None = field(
         default=None,
         metadata={
-            "help": "hold out this share (in %) of the training documents for evaluation, "
+            "help": "hold out this percentage of the training documents for evaluation, "
             "chosen by a hash of each document's text (run_mlm.py's name for it)"
         },
     )

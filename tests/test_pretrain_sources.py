@@ -244,3 +244,15 @@ def test_pretraining_on_a_local_copy_of_a_hub_data_set_with_its_validation_split
             validation_split="validation",
             output_dir=str(tmp_path / "refused"),
         )
+
+
+def test_pretrain_help_lists_the_source_options(capsys: pytest.CaptureFixture):
+    from egbert.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["pretrain", "--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    for option in ("--dataset ", "--text-column", "--source-weights", "--validation-split ",
+                   "--validation-split-percentage", "--shuffle-buffer"):  # fmt: skip
+        assert option in shown, option
