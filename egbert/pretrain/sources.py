@@ -335,9 +335,9 @@ def _table_documents(
         )
     except (DatasetGenerationError, ValueError) as error:
         cause = error.__cause__ or error
+        reason = (str(cause).splitlines() or [type(cause).__name__])[0][:200]
         raise DataError(
-            f"{files[0]}: not readable as {builder} ({str(cause).splitlines()[0][:200]}); "
-            "check the file or its extension"
+            f"{files[0]}: not readable as {builder} ({reason}); check the file or its extension"
         ) from None
     return _text_documents(loaded, str(files[0]), text_column)
 
