@@ -359,8 +359,6 @@ class PretrainArguments:
             )
 
     def _check_data_options(self) -> None:
-        if not self.train_files and not self.dataset:
-            raise ConfigError("no training data: pass --train-files, --dataset or both")
         held_out = [
             name
             for name, given in (
