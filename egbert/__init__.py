@@ -38,7 +38,23 @@ _EXPORTS = {
         "EVAL_METRICS",
     ],
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
-    "egbert.quickstart": ["run_quickstart"],
+    "egbert.quickstart": [
+        "run_quickstart",
+        "QuickstartArguments",
+        "RunStopped",
+        "find_data",
+        "corpus_files",
+        "local_glue_tasks",
+        "prepare_tokenizer",
+        "is_finished",
+        "save_untrained",
+        "finetune_once",
+        "finetune_options",
+        "pretraining_summary",
+        "PretrainingSummary",
+        "score_table",
+        "task_average",
+    ],
     "egbert.evaluation": ["run_probe", "run_prompt_eval"],
     "egbert.push": ["push_to_hub"],
     "egbert.tokenizer": ["train_tokenizer", "load_tokenizer"],
@@ -56,7 +72,14 @@ _EXPORTS = {
     "egbert.checkpoints": ["load_pretrained", "read_model_config", "checkpoints_in"],
     "egbert.optimization": ["adamw"],
     "egbert.runtime": ["bf16_pays_off", "matmul_gflops", "training_device"],
-    "egbert.finetune.metrics": ["compute_task_metrics", "glue_score", "task_score"],
+    "egbert.finetune.metrics": [
+        "compute_task_metrics",
+        "glue_score",
+        "glue_average",
+        "GlueAverage",
+        "format_metrics",
+        "task_score",
+    ],
     "egbert.finetune.tasks": ["Task", "get_task", "read_glue_split", "split_file"],
     "egbert.pretrain.sources": ["read_documents", "load_documents"],
     "egbert.pretrain.data": ["tokenize_documents", "build_nsp_examples", "pack_blocks"],
@@ -66,9 +89,6 @@ _EXPORTS = {
     "egbert.models.elmo": ["EgbertElmoConfig", "EgbertElmoForBidirectionalLM"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-# Modules whose steps scripts reuse: quickstart's pipeline steps (scripts/glue_table.py and
-# scripts/recipe_compare.py run them with other models and options).
-_SUBMODULES = ["quickstart"]
 
 __all__ = [
     "TokenEmbeddings",
@@ -79,14 +99,11 @@ __all__ = [
     "DataError",
     "EgbertError",
     "TrainingError",
-    *_SUBMODULES,
     *sorted(_MODULE_OF),
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f"egbert.{name}")
     if name not in _MODULE_OF:
         raise AttributeError(f"module 'egbert' has no attribute {name!r}")
     value = getattr(importlib.import_module(_MODULE_OF[name]), name)

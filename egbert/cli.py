@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("egbert.generate", "generate text with a gpt model"),
     "convert": ("egbert.models.convert", "convert stock transformers BERT/GPT-2 <-> egbert"),
     "push": ("egbert.push", "upload a model folder to the Hugging Face Hub"),
-    "quickstart": ("egbert.quickstart", "run the whole pipeline on the data in $EGBERT_DATA"),
+    "quickstart": ("egbert.quickstart.run", "run the whole pipeline on the data in $EGBERT_DATA"),
 }
 
 

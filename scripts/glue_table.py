@@ -12,9 +12,9 @@ and the tables get one row per model and head. A rerun reuses every finished ste
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 
 import egbert
-from egbert import quickstart
 
 DEFAULT_HEADS = ["cls", "cls-frozen", "last4-concat", "last4-concat-frozen"]
 DEFAULT_HEADS += ["scalar-mix", "scalar-mix-frozen"]
@@ -24,13 +24,13 @@ def main(argv: list[str] | None = None) -> dict:
     defaults = {"heads": DEFAULT_HEADS, "output_dir": "runs/glue-table"}
     try:
         (args,) = egbert.parse_args(
-            (quickstart.QuickstartArguments,),
+            (egbert.QuickstartArguments,),
             argv,
             "scripts/glue_table.py",
             __doc__.split("\n\n")[0],
             defaults,
         )
-        return quickstart.quickstart(args)
+        return egbert.run_quickstart(**asdict(args))
     except egbert.EgbertError as error:
         sys.exit(f"scripts/glue_table.py: error: {error}")
 

@@ -45,7 +45,6 @@ from typing import Any
 from transformers import set_seed
 
 import egbert
-from egbert import quickstart
 
 STOCK_SCRIPT = Path(__file__).resolve().with_name("stock_recipe.py")
 PRESETS = ("tiny", "mini", "small", "base")  # the sizes both recipes know
@@ -74,7 +73,7 @@ EGBERT_RECIPE: dict[str, Any] = {**CORPUS, "nsp": False}
 FAMILIES = ("gpt", "elmo")
 FAMILY_RECIPE: dict[str, Any] = {**CORPUS, "warmup_steps": 0.06}
 
-# The same fine-tuning for every model: quickstart's (quickstart.finetune_options: lr 1e-4,
+# The same fine-tuning for every model: quickstart's (egbert.finetune_options: lr 1e-4,
 # batch 32, 128 tokens, dropout 0.1 on whichever dropout the model has, no test predictions;
 # elmo and its twin ELMo's own task head at lr 1e-3, FINETUNE_BY_TYPE, chosen by this
 # comparison's pilots) with its summary-vector head, on every training example unless
@@ -268,7 +267,7 @@ def pretrain_stock(
     run_dir: Path, tokenizer_dir: Path, files: Sequence[Path], preset: str, budget: float
 ) -> Path:
     """The stock recipe in its own process, as a user would run it."""
-    if quickstart.is_finished(run_dir):
+    if egbert.is_finished(run_dir):
         print(f"  {STOCK}: reusing {run_dir}", flush=True)
         return run_dir
     command = [
@@ -279,7 +278,7 @@ def pretrain_stock(
     ]  # fmt: skip
     print(f"  {STOCK}: {budget:g} min -> {run_dir}", flush=True)
     code = subprocess.run(command, check=False).returncode
-    if code != 0 or not quickstart.is_finished(run_dir):
+    if code != 0 or not egbert.is_finished(run_dir):
         raise egbert.TrainingError(
             f"{STOCK_SCRIPT.name} failed (exit code {code}); see its output above"
         )
@@ -298,7 +297,7 @@ def pretrain_egbert(
     family: str = "bert",
 ) -> Path:
     """Egbert's recipe for the family (with `changes` over it); resumes an interrupted run."""
-    if quickstart.is_finished(run_dir):
+    if egbert.is_finished(run_dir):
         print(f"  {label}: reusing {run_dir}", flush=True)
         return run_dir
     print(f"  {label}: {budget:g} min -> {run_dir}", flush=True)
@@ -317,7 +316,7 @@ def pretrain_egbert(
         **{**recipe_options(family), **(changes or {})},
     )
     if result.interrupted:
-        raise quickstart.Stopped
+        raise egbert.RunStopped
     stamp_sitting(run_dir)
     return run_dir
 
@@ -326,14 +325,14 @@ def save_scratch(
     label: str, run_dir: Path, tokenizer_dir: Path, preset: str, family: str = "bert"
 ) -> Path:
     """The family's recipe model at its random initial weights, saved like a pretrained one."""
-    if quickstart.is_finished(run_dir):
+    if egbert.is_finished(run_dir):
         print(f"  {label}: reusing {run_dir}", flush=True)
         return run_dir
     tokenizer = egbert.load_tokenizer(tokenizer_dir)
     pretrain_args, _ = recipe_arguments(preset, family=family)
     set_seed(SEED)
     model, _ = egbert.build_model(pretrain_args, tokenizer)
-    return quickstart.save_untrained(model, tokenizer, run_dir)
+    return egbert.save_untrained(model, tokenizer, run_dir)
 
 
 # ---------------------------------------------------------------- fine-tuning
@@ -349,10 +348,10 @@ def finetune(
 ) -> float:
     """One model on one task with quickstart's fine-tuning; returns its GLUE score (a finished
     run made with the same head and lr is reused, an interrupted one resumed)."""
-    options = quickstart.finetune_options(model_dir, task, HEAD, seed, glue_dir, use_bf16())
+    options = egbert.finetune_options(model_dir, task, HEAD, seed, glue_dir, use_bf16())
     options["epochs"] = SST2_EPOCHS if task == "sst2" else FINETUNE_EPOCHS
     options["max_train_samples"] = max_train_samples
-    results, trained = quickstart.finetune_once(run_dir, **options)
+    results, trained = egbert.finetune_once(run_dir, **options)
     if not trained:
         check_finetune_options(run_dir, results, options)
         print(f"    reusing {run_dir}", flush=True)
@@ -422,7 +421,12 @@ def pretraining_summary(run_dir: Path) -> dict[str, Any]:
         recipe = json.loads((run_dir / "recipe.json").read_text(encoding="utf-8"))
         summary = {"steps": recipe["steps"], "minutes": recipe["minutes"]}
     else:
-        summary = {k: v for k, v in quickstart.pretraining_summary(run_dir).items() if k != "eval"}
+        pretrained = egbert.pretraining_summary(run_dir)
+        summary = {
+            "steps": pretrained.steps,
+            "tokens": pretrained.tokens,
+            "minutes": pretrained.minutes,
+        }
     final_loss = curve[-1][1] if curve else None
     return (
         summary | {"loss": curve_loss(run_dir)[1], "final_loss": final_loss} | read_sitting(run_dir)
@@ -444,16 +448,14 @@ def pretraining_table(summaries: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def seed_table(
-    seed_scores: dict[str, dict[str, list[float]]], seeds: Sequence[int], tasks: Sequence[str]
-) -> str:
+def seed_table(seed_scores: dict[str, dict[str, list[float]]], seeds: Sequence[int]) -> str:
     """Markdown: each model's task average per fine-tuning seed, their mean and their range."""
     header = "| model | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean | range |"
     lines = [header, "|---|" + "---:|" * (len(seeds) + 2)]
     for label, by_task in seed_scores.items():
         # zip(*...) turns {task: [score per seed]} into one (score per task) tuple per seed
         averages = [
-            100 * quickstart.average(dict(zip(by_task, seed_run, strict=True)), tasks)
+            100 * egbert.task_average(dict(zip(by_task, seed_run, strict=True)))
             for seed_run in zip(*by_task.values(), strict=True)
         ]
         cells = [f"{average:.1f}" for average in averages]
@@ -544,9 +546,9 @@ def models_to_finetune(
 def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
     """Tokenizer -> pretraining -> fine-tuning -> results; returns the report it writes."""
     start = time.perf_counter()
-    data = quickstart.find_data(args.data)
-    files, _ = quickstart.corpus_files(data)
-    tasks = quickstart.resolve_tasks(args.tasks or DEFAULT_TASKS, data / "glue")
+    data = egbert.find_data(args.data)
+    files, _ = egbert.corpus_files(data)
+    tasks = egbert.local_glue_tasks(args.tasks or DEFAULT_TASKS, data / "glue")
     output_dir = args.output_dir
     recipes = {"egbert_recipe": recipe_record()}
     recipes["family_recipe"] = {family: recipe_record(family) for family in FAMILIES}
@@ -561,7 +563,7 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         },
     )
     print(f"[1/4] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
-    quickstart.prepare_tokenizer(output_dir, files, args.vocab_size, encoding_errors="replace")
+    egbert.prepare_tokenizer(output_dir, files, args.vocab_size, encoding_errors="replace")
     tokenizer_dir = output_dir / "tokenizer"
 
     families = ", ".join(["bert", *args.families])
@@ -594,10 +596,10 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         label: {task: sum(per_seed) / len(per_seed) for task, per_seed in by_task.items()}
         for label, by_task in seed_scores.items()
     }
-    averages = {label: quickstart.average(by_task, tasks) for label, by_task in scores.items()}
-    tables = [quickstart.score_table(scores, tasks)]
+    averages = {label: egbert.task_average(by_task) for label, by_task in scores.items()}
+    tables = [egbert.score_table(scores, tasks)]
     if len(seeds) > 1:
-        tables.append(seed_table(seed_scores, seeds, tasks))
+        tables.append(seed_table(seed_scores, seeds))
     if ablations:
         tables.append(ablation_table(ablations, averages))
     report = {
@@ -700,7 +702,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         check_args(args)
         return run_comparison(args)
-    except quickstart.Stopped:
+    except egbert.RunStopped:
         print(f"{parser.prog}: stopped; run the same command again to go on from there")
         return {}
     except egbert.EgbertError as error:

@@ -14,9 +14,13 @@ from pathlib import Path
 import pytest
 from accelerate.state import AcceleratorState, GradientState
 
-from egbert import quickstart
 from egbert.errors import ConfigError, DataError
-from egbert.quickstart import Budget, Plan, export_hub_corpus, main
+from egbert.quickstart import budget as planning
+from egbert.quickstart import options, report, run
+from egbert.quickstart.budget import Budget, Plan
+from egbert.quickstart.report import Row
+from egbert.quickstart.run import main
+from egbert.quickstart.steps import export_hub_corpus
 from egbert.runtime import bf16_pays_off
 
 FINETUNED = ["bert", "bert (no pretraining)", "gpt", "elmo"]
@@ -55,7 +59,12 @@ def finished_run(micro_data: Path, tmp_path_factory, subprocess_env) -> Path:
     # Accelerate's process-wide state may hold an earlier module's precision
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
-    main(argv)
+    # Every table is checked here, the schedule elsewhere (test_a_slow_probe_...): on a busy
+    # machine the probe alone outlasts its share of a 30-second budget and the prompts would
+    # be skipped.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(run, "EVALUATION_SHARE", 100.0)
+        main(argv)
     return out
 
 
@@ -68,7 +77,9 @@ def test_every_table_has_a_number_for_every_model_and_task(finished_run: Path):
         assert all(isinstance(v, float) and math.isfinite(v) for v in scores.values())
     assert list(report["probe"]) == PROBED[:-1]
     assert set(report["prompting"]) == {f"{m}, {k}-shot" for m in ("gpt", "gpt (no pretraining)")
-                                        for k in quickstart.PROMPT_SHOTS}  # fmt: skip
+                                        for k in options.PROMPT_SHOTS}  # fmt: skip
+    assert list(report["evaluation_sizes"]["probe"]) == PROBED[:-1]
+    assert set(report["evaluation_sizes"]["prompting"]) == {"gpt", "gpt (no pretraining)"}
     tables = report["tables"]
     assert table_rows(tables["fine-tuning"]) == FINETUNED
     assert table_rows(tables["probe"]) == PROBED
@@ -83,6 +94,7 @@ def test_every_table_has_a_number_for_every_model_and_task(finished_run: Path):
     markdown = (finished_run / "results.md").read_text()
     for name, table in tables.items():
         assert f"## {name}\n\n{table}" in markdown
+    assert "Training examples per task (at most): bert 200, gpt 200" in markdown
     assert (finished_run / "results.png").stat().st_size > 1000
     # every family pretrained for its share of the budget; bf16 only where it pays off here
     assert set(report["pretraining"]) == {"bert", "gpt", "elmo"}
@@ -117,24 +129,84 @@ def test_other_options_on_the_same_output_dir_are_refused(finished_run: Path, mi
         main(["--data", str(micro_data), "--output-dir", str(finished_run), *changed])
 
 
-def test_the_probe_and_the_prompts_shrink_with_a_budget_below_ten_minutes():
-    full = (quickstart.PROBE_TRAIN_SAMPLES, quickstart.PROMPT_EVAL_SAMPLES)
-    assert quickstart.evaluation_sizes(30) == quickstart.evaluation_sizes(10) == full
-    assert quickstart.evaluation_sizes(3) == (round(full[0] * 0.3), round(full[1] * 0.3))
-    assert quickstart.evaluation_sizes(0.5) == (round(full[0] / 10), round(full[1] / 10))
+def test_the_probe_and_the_prompts_start_smaller_below_ten_minutes():
+    full = (options.PROBE_TRAIN_SAMPLES, options.PROMPT_EVAL_SAMPLES)
+
+    def sizes(minutes: float) -> tuple[int, int]:
+        return planning.planned_size("probe", minutes), planning.planned_size(
+            "prompt-eval", minutes
+        )
+
+    assert sizes(30) == sizes(10) == full
+    assert sizes(3) == (round(full[0] * 0.3), round(full[1] * 0.3))
+    assert sizes(0.5) == (round(full[0] / 10), round(full[1] / 10))
+
+
+def test_an_evaluation_shrinks_to_its_share_by_the_runs_measured():
+    """The planning function alone: no measurement, the planned size; one, a line half fixed;
+    two sizes, the least-squares line; too little time, the smallest size for the probe (every
+    model gets its row) and None for the prompts (skipped)."""
+    assert planning.evaluation_size("probe", 2000, 5.0, []) == 2000
+    # one run: 10 s at 2000, taken as 5 s fixed + 5 s for 2000 examples
+    assert planning.evaluation_size("probe", 2000, 7.5, [(2000, 10.0)]) == 1000
+    assert planning.evaluation_size("probe", 2000, 60.0, [(2000, 10.0)]) == 2000  # never more
+    # two sizes: 2 s fixed + 1 ms an example
+    measured = [(2000, 4.0), (1000, 3.0)]
+    assert planning.cost_line(measured) == pytest.approx((2.0, 0.001))
+    assert planning.evaluation_size("probe", 2000, 2.5, measured) == 500
+    assert planning.evaluation_size("probe", 2000, 2.1, measured) is None
+    assert planning.evaluation_size("probe", 2000, 2.1, measured, required=True) == 200
+    assert planning.evaluation_size("prompt-eval", 200, 0.0, []) is None
+
+
+def test_a_slow_probe_keeps_the_evaluation_within_its_share(tmp_path: Path, monkeypatch):
+    """quickstart's evaluation stage on a machine far slower than its planned sizes assume: the
+    probe and the prompts (replaced by runs that take 50 ms + 0.3 ms an example, and 100 ms)
+    must end within EVALUATION_SHARE of a 15-second budget, every model probed, the later pairs
+    smaller, and plan.json holding the sizes (so a rerun keeps them)."""
+
+    def slow_probe(model_dir, tasks, data_dir, *, max_train_samples, **_):
+        time.sleep(0.05 + 0.0003 * max_train_samples)
+        return {"tasks": {task: {"score": 0.5} for task in tasks}}
+
+    def prompts(model_dir, tasks, data_dir, **_):
+        time.sleep(0.1)
+        return {"tasks": {}}
+
+    monkeypatch.setattr(run.probe, "run_probe", slow_probe)
+    monkeypatch.setattr(run.prompting, "run_prompt_eval", prompts)
+    models = {}
+    for family in ("bert", "gpt", "elmo"):
+        for row, name in ((Row(family), family), (Row(family).twin(), f"{family}-random")):
+            models[row] = tmp_path / "pretrain" / name
+    budget = Budget(Plan(options={}, bf16=False), tmp_path / "plan.json", minutes=0.25)
+    args = options.QuickstartArguments(budget_minutes=10)  # full sizes planned
+    start = time.perf_counter()
+    probes, prompted, _ = run.evaluate_models(models, ["rte"], tmp_path, args, budget)
+    seconds = time.perf_counter() - start
+    assert seconds <= 1.2 * options.EVALUATION_SHARE * budget.total, seconds
+    assert list(probes) == list(models)
+    sizes = [probes[Row(family)].size for family in ("bert", "gpt", "elmo")]
+    assert sizes[0] == options.PROBE_TRAIN_SAMPLES and sizes[1] < sizes[0] and sizes[2] < sizes[0]
+    assert all(probes[row.twin()].size == probes[row].size for row in probes if row.pretrained)
+    saved = json.loads((tmp_path / "plan.json").read_text())
+    assert saved["evaluation_sizes"]["probe/gpt"] == sizes[1]
+    assert len(saved["evaluation_runs"]) == len(probes) + len(prompted)
 
 
 def test_the_budget_allots_each_run_its_share_less_the_measured_costs(tmp_path: Path):
     budget = Budget(Plan(options={}, bf16=False), tmp_path / "plan.json", minutes=10)
-    first = quickstart.FIRST_OVERHEAD_SECONDS["finetune"]
+    first = options.FIRST_OVERHEAD_SECONDS["finetune"]
     minutes = pytest.approx((60 - first) / 60, abs=1e-4)  # allotments keep 4 decimals
     assert budget.allot("finetune/rte", 60.0, "finetune") == minutes
     for wall, train in ((30.0, 20.0), (50.0, 20.0), (28.0, 20.0)):  # costs 10, 30 and 8 s
         budget.record("finetune", wall, train)
     assert budget.allot("finetune/stsb", 60.0, "finetune") == pytest.approx(50 / 60, abs=1e-4)
     assert budget.allot("finetune/rte", 600.0, "finetune") == minutes
-    shortest = pytest.approx(quickstart.MIN_TRAIN_SECONDS / 60, abs=1e-4)
+    shortest = pytest.approx(options.MIN_TRAIN_SECONDS / 60, abs=1e-4)
     assert budget.allot("finetune/sst2", 1.0, "finetune") == shortest
+    assert not (tmp_path / "plan.json").exists()  # planning writes nothing; saving is a step
+    budget.save()
     saved = json.loads((tmp_path / "plan.json").read_text())
     assert saved["allotted_minutes"]["finetune/stsb"] == pytest.approx(50 / 60, abs=1e-4)
     assert 0 <= saved["spent_seconds"] < 60
@@ -148,26 +220,35 @@ def test_further_seeds_go_to_the_averaged_tasks_only(tmp_path: Path, monkeypatch
     def record_runs(plan, models, glue, args, budget):
         scores = {}
         for task, runs in plan:
-            for name, seed in runs:
-                planned.append((task, name, seed))
-                budget.plan.run_seconds[quickstart.run_key(name, "cls", task, seed)] = 1.0
-                scores.setdefault(name, {}).setdefault(task, {})[seed] = 0.5
+            for row, seed in runs:
+                planned.append((task, row, seed))
+                budget.plan.run_seconds[run.run_key(models[row], "cls", task, seed)] = 1.0
+                scores.setdefault(row, {}).setdefault(task, {})[seed] = 0.5
         return scores
 
-    monkeypatch.setattr(quickstart, "run_finetune_pass", record_runs)
+    monkeypatch.setattr(run, "run_finetune_pass", record_runs)
     budget = Budget(Plan(options={}, bf16=False), tmp_path / "plan.json", minutes=60)
-    models = {name: tmp_path for name in ("bert", "bert-random", "gpt")}
-    args = quickstart.QuickstartArguments(heads=["cls"])
-    quickstart.finetune_models(models, ["rte", "wnli"], None, args, budget)
-    further = {(task, name, seed) for task, name, seed in planned if seed != args.seed}
-    assert further == {("rte", name, seed) for name in ("bert", "bert-random") for seed in (43, 44)}
+    bert, twin, gpt = Row("bert"), Row("bert").twin(), Row("gpt")
+    models = {bert: tmp_path / "bert", twin: tmp_path / "bert-random", gpt: tmp_path / "gpt"}
+    args = options.QuickstartArguments(heads=["cls"])
+    run.finetune_models(models, ["rte", "wnli"], None, args, budget)
+    further = {(task, row, seed) for task, row, seed in planned if seed != args.seed}
+    assert further == {("rte", row, seed) for row in (bert, twin) for seed in (43, 44)}
 
 
 def test_each_seed_is_averaged_over_the_tasks_every_seed_ran():
     runs = {"rte": {42: 0.5, 43: 0.7, 44: 0.6}, "stsb": {42: 0.1, 43: 0.3}, "wnli": {42: 0.56}}
     # wnli is not averaged; seed 44 did not run on stsb
-    averages = quickstart.seed_averages(runs, ["rte", "stsb", "wnli"])
+    averages = report.seed_averages(runs, ["rte", "stsb", "wnli"])
     assert averages == pytest.approx([0.3, 0.5])
+
+
+def test_rows_are_labelled_for_the_tables():
+    assert Row("bert").label == "bert"
+    assert Row("bert", pretrained=False, head="cls-frozen").label == (
+        "bert (no pretraining), cls-frozen"
+    )
+    assert Row("gpt", shots=4).twin().label == "gpt (no pretraining), 4-shot"
 
 
 def test_missing_data_says_how_to_point_at_it(tmp_path: Path):

@@ -62,15 +62,13 @@ from egbert.evaluation.results import (
     check_positive,
     check_split_present,
     evaluate_tasks,
-    format_metrics,
-    glue_average,
     majority_score,
     present_eval_splits,
     sample_indices,
     scored,
     write_results,
 )
-from egbert.finetune.metrics import task_score
+from egbert.finetune.metrics import format_metrics, glue_average, task_score
 from egbert.finetune.tasks import GLUE_TASKS, Task, available_tasks, get_task, read_glue_split
 from egbert.models.heads import LAST_LAYERS
 
@@ -310,7 +308,8 @@ def run_probe(
     Returns:
         {"model", "options", "tasks": {name: {"metrics": {split: {metric: value}}, "score",
         "majority_score", "n_train", "n_dev", "feature_size", "regularization", "seconds"}},
-        "glue_average": {"score", "tasks"} or None}; metric values and scores are fractions.
+        "glue_average": {"score", "tasks"} over the GLUE tasks among them, or None}; metric
+        values and scores are fractions.
     """
     check_probe_options(features, pool, max_train_samples, batch_size)
     data_dir = check_data_dir(data_dir)
@@ -344,7 +343,11 @@ def run_probe(
         ),
     )
     scores = {name: result["score"] for name, result in results["tasks"].items()}
-    results["glue_average"] = glue_average(scores)
+    average = glue_average(scores)
+    if average is not None:
+        results["glue_average"] = {"score": average.score, "tasks": list(average.tasks)}
+    else:
+        results["glue_average"] = None
     if output_dir is not None:
         write_results(results, output_dir, RESULTS_FILE)
     return results
@@ -364,7 +367,7 @@ def results_table(results: dict[str, Any]) -> str:
             f"| {r['n_train']} | {regularization} | {r['seconds']:.1f} |"
         )
     average = results["glue_average"]
-    if average:
+    if average and len(average["tasks"]) > 1:
         lines.append(
             f"| average ({', '.join(average['tasks'])}) | | {100 * average['score']:.2f} | | | | |"
         )

@@ -56,14 +56,13 @@ from egbert.evaluation.results import (
     check_data_dir,
     check_positive,
     evaluate_tasks,
-    format_metrics,
     majority_score,
     present_eval_splits,
     sample_indices,
     scored,
     write_results,
 )
-from egbert.finetune.metrics import task_score
+from egbert.finetune.metrics import format_metrics, task_score
 from egbert.finetune.tasks import Task, get_task, read_glue_split, split_file
 from egbert.tokenizer import check_vocab_matches, load_tokenizer
 

@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,8 @@ import torch
 
 from egbert.checkpoints import ALLOW_PICKLE_HELP
 from egbert.errors import ConfigError, DataError
-from egbert.finetune.metrics import compute_task_metrics, glue_score, task_score
-from egbert.finetune.tasks import SCORED_TASKS, Task, split_file
+from egbert.finetune.metrics import compute_task_metrics, task_score
+from egbert.finetune.tasks import Task, split_file
 from egbert.runtime import bf16_pays_off
 
 
@@ -71,25 +71,6 @@ def majority_score(task: Task, train_labels: Sequence[int], dev_labels: Sequence
     counts = Counter(train_labels)
     majority = max(sorted(counts), key=counts.__getitem__)
     return task_score({"dev": scored(task, [majority] * len(dev_labels), dev_labels)})
-
-
-def glue_average(task_scores: Mapping[str, float]) -> dict | None:
-    """The mean score over the GLUE tasks that ran, with their names (None for fewer than two)."""
-    glue_tasks = {name: score for name, score in task_scores.items() if name in SCORED_TASKS}
-    if len(glue_tasks) < 2:
-        return None
-    return {"score": glue_score(glue_tasks), "tasks": sorted(glue_tasks)}
-
-
-def format_metrics(metrics_by_split: Mapping[str, Mapping[str, float]]) -> str:
-    """{"validation": {"accuracy": 0.8, "f1": 0.85}} -> "accuracy 80.00 / f1 85.00" (each
-    split named when there are several, as MNLI's matched and mismatched)."""
-    several = len(metrics_by_split) > 1
-    return "; ".join(
-        (f"{split}: " if several else "")
-        + " / ".join(f"{name} {100 * value:.2f}" for name, value in metrics.items())
-        for split, metrics in metrics_by_split.items()
-    )
 
 
 def add_model_and_task_arguments(parser: argparse.ArgumentParser, task_help: str) -> None:

@@ -14,7 +14,8 @@ there, which is then not comparable with the leaderboard: callers say which task
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -58,3 +59,43 @@ def glue_score(task_scores: Mapping[str, float]) -> float:
     if not task_scores:
         raise ValueError("no task scores to average")
     return sum(task_scores.values()) / len(task_scores)
+
+
+@dataclass(frozen=True)
+class GlueAverage:
+    """The GLUE score of a set of task scores and the tasks that went into it."""
+
+    score: float
+    tasks: tuple[str, ...]
+
+
+def glue_average(
+    task_scores: Mapping[str, float], leave_out: Collection[str] = ()
+) -> GlueAverage | None:
+    """The GLUE score over the GLUE tasks among `task_scores`, in their order; tasks that GLUE
+    does not score (custom tasks) and those in `leave_out` are skipped. None when none is left."""
+    scored = {
+        name: score
+        for name, score in task_scores.items()
+        if name in SCORED_TASKS and name not in leave_out
+    }
+    if not scored:
+        return None
+    return GlueAverage(glue_score(scored), tuple(scored))
+
+
+METRIC_SHORT_NAMES = {"accuracy": "acc", "matthews_correlation": "mcc", "spearmanr": "spearman"}
+
+
+def format_metrics(metrics_by_split: Mapping[str, Mapping[str, float]]) -> str:
+    """{"validation": {"accuracy": 0.8, "f1": 0.85}} -> "acc 80.00 / f1 85.00"; a dev set
+    other than "validation" is tagged, e.g. MNLI's "matched acc 84.10; mismatched acc 83.40"."""
+    parts = []
+    for split, metrics in metrics_by_split.items():
+        tag = split.removeprefix("validation").strip("_")
+        text = " / ".join(
+            f"{METRIC_SHORT_NAMES.get(name, name)} {100 * value:.2f}"
+            for name, value in metrics.items()
+        )
+        parts.append(f"{tag} {text}" if tag else text)
+    return "; ".join(parts)

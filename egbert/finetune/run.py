@@ -56,7 +56,12 @@ from egbert.config import (
     parse_args,
 )
 from egbert.errors import CheckpointError, ConfigError, DataError
-from egbert.finetune.metrics import compute_task_metrics, glue_score, task_score
+from egbert.finetune.metrics import (
+    compute_task_metrics,
+    format_metrics,
+    glue_average,
+    task_score,
+)
 from egbert.finetune.tasks import (
     GLUE_TASKS,
     HUB_DATASET,
@@ -152,9 +157,9 @@ def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOu
     output.table = results_table(output.results)
     if len(tasks) > 1:
         summary = {"tasks": {r["task"]: r for r in output.results}, "table": output.table}
-        scored = {r["task"]: r["score"] for r in output.results if r["task"] in SCORED_TASKS}
-        if scored:
-            summary |= {"glue_average": glue_score(scored), "glue_average_tasks": list(scored)}
+        average = glue_average({r["task"]: r["score"] for r in output.results})
+        if average:
+            summary |= {"glue_average": average.score, "glue_average_tasks": list(average.tasks)}
         (output_dir / "eval_results.json").write_text(json.dumps(summary, indent=2) + "\n")
     return output
 
@@ -525,16 +530,6 @@ def training_options(args: FinetuneArguments, training: TrainingArguments) -> di
 # ---------------------------------------------------------------- tasks and tables
 
 
-def format_metrics(metrics_by_split: dict[str, dict[str, float]]) -> str:
-    short = {"accuracy": "acc", "matthews_correlation": "mcc", "spearmanr": "spearman"}
-    parts = []
-    for split, metrics in metrics_by_split.items():
-        tag = split.removeprefix("validation").strip("_")
-        text = " / ".join(f"{short.get(name, name)} {100 * v:.2f}" for name, v in metrics.items())
-        parts.append(f"{tag} {text}" if tag else text)
-    return "; ".join(parts)
-
-
 def results_table(results: list[dict]) -> str:
     """A Markdown table of dev results, with the GLUE average over the GLUE tasks run."""
     lines = [
@@ -546,10 +541,11 @@ def results_table(results: list[dict]) -> str:
             f"| {r['task']} | {format_metrics(r['metrics'])} | {100 * r['score']:.2f} "
             f"| {r['best_epoch']} | {r['train_examples']} | {r['seconds'] / 60:.1f} |"
         )
-    scored = {r["task"]: r["score"] for r in results if r["task"] in SCORED_TASKS}
-    if len(scored) > 1:
-        note = "all nine tasks" if len(scored) == len(SCORED_TASKS) else ", ".join(scored)
-        lines.append(f"| GLUE average ({note}) | | {100 * glue_score(scored):.2f} | | | |")
+    average = glue_average({r["task"]: r["score"] for r in results})
+    if average and len(average.tasks) > 1:
+        tasks = average.tasks
+        note = "all nine tasks" if len(tasks) == len(SCORED_TASKS) else ", ".join(tasks)
+        lines.append(f"| GLUE average ({note}) | | {100 * average.score:.2f} | | | |")
     return "\n".join(lines)
 
 

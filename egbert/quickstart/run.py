@@ -1,0 +1,371 @@
+"""`egbert quickstart`'s pipeline: `quickstart(args)` runs the stages in order; the helpers below
+it say how each stage spends its share of the budget."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import transformers
+from transformers import PreTrainedTokenizerBase
+
+from egbert.config import MODEL_FAMILIES, arguments_from_options, parse_args
+from egbert.errors import ConfigError
+from egbert.evaluation import probe, prompting
+from egbert.finetune.tasks import get_task, split_file
+from egbert.pretrain import run as pretrain_run
+from egbert.quickstart.budget import Budget, EvaluationRun, Plan, load_plan, planned_size
+from egbert.quickstart.options import (
+    CARD_DATASETS,
+    DESCRIPTION,
+    EVALUATION_SHARE,
+    FAMILY_SHARES,
+    MAX_SEEDS,
+    PLAN_FILE,
+    PRETRAIN_SHARE,
+    PROBE_FEATURES,
+    PROBE_POOL,
+    PROMPT_SHOTS,
+    PROMPT_TASKS,
+    REPORT_RESERVE_SECONDS,
+    VALIDATION_EXAMPLES,
+    WIKITEXT,
+    QuickstartArguments,
+)
+from egbert.quickstart.report import Evaluation, Row, averaged_tasks, write_report
+from egbert.quickstart.steps import (
+    RunStopped,
+    check_hub_reachable,
+    corpus_files,
+    export_hub_corpus,
+    find_data,
+    finetune_once,
+    finetune_options,
+    is_finished,
+    local_glue_tasks,
+    prepare_tokenizer,
+    pretraining_summary,
+    save_twin,
+    train_size,
+)
+from egbert.runtime import bf16_pays_off, training_device
+
+FINETUNED = (Row("bert"), Row("bert", pretrained=False), Row("gpt"), Row("elmo"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    (args,) = parse_args((QuickstartArguments,), argv, "egbert quickstart", DESCRIPTION)
+    quickstart(args)
+
+
+def run_quickstart(**options: Any) -> dict[str, Any]:
+    """`egbert quickstart` from Python: the keyword arguments are its options
+    (QuickstartArguments fields); returns the report it writes to results.json ({} when a
+    signal stopped it)."""
+    (args,) = arguments_from_options((QuickstartArguments,), options)
+    return quickstart(args)
+
+
+def quickstart(args: QuickstartArguments) -> dict[str, Any]:
+    """Tokenizer -> pretraining -> probe and prompts -> fine-tuning -> results."""
+    output_dir = Path(args.output_dir)
+    # Data: local files, or the hub's written out as local files
+    if args.from_hub:
+        check_hub_reachable()
+        data, glue = export_hub_corpus(output_dir / "hub-data"), None
+    else:
+        data = find_data(args.data)
+        glue = data / "glue"
+    tasks = local_glue_tasks(args.tasks, glue)
+    # The plan: new, or the one an interrupted start of the same options left
+    budget = start_budget(args, output_dir)
+    print(f"[1/5] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
+    tokenizer = prepare_tokenizer(
+        output_dir, [data / WIKITEXT / "wiki.train.tokens"], args.vocab_size
+    )
+    # every fine-tune loads a pretrained model under a new head: the report of its missing head
+    # weights, dozens of times, would bury the progress
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        print(
+            f"[2/5] pretraining bert, gpt and elmo ({args.preset}, {precision(budget)}) for "
+            f"{PRETRAIN_SHARE * args.budget_minutes:.1f} of {args.budget_minutes:g} minutes",
+            flush=True,
+        )
+        models = pretrain_families(args, budget, data)
+        models |= save_twins(args, tokenizer)
+        pretraining = {
+            family: pretraining_summary(models[Row(family)]) for family in MODEL_FAMILIES
+        }
+        glue_dir = glue or data / "glue"
+        print(
+            f"[3/5] probing {len(models)} models and prompting gpt and its twin in "
+            f"{EVALUATION_SHARE * args.budget_minutes:.1f} minutes at most",
+            flush=True,
+        )
+        probes, prompts, prompt_tasks = evaluate_models(models, tasks, glue_dir, args, budget)
+        print(f"[4/5] fine-tuning {', '.join(r.label for r in FINETUNED)} on {', '.join(tasks)}")
+        finetune = finetune_models(
+            {row: models[row] for row in FINETUNED}, tasks, glue, args, budget
+        )
+        print(f"[5/5] results -> {output_dir / 'results.md'}", flush=True)
+        report = write_report(
+            output_dir, tasks, prompt_tasks, pretraining, finetune, probes, prompts,
+            extra={"plan": asdict(budget.plan), "minutes": spent_minutes(budget)},
+        )  # fmt: skip
+        budget.save()
+        print(f"quickstart: {report['minutes']:.1f} of {args.budget_minutes:g} minutes")
+        return report
+    except RunStopped:
+        print("egbert quickstart: stopped; run the same command again to go on from there")
+        return {}
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def precision(budget: Budget) -> str:
+    return "bf16" if budget.plan.bf16 else "fp32 (bf16 is slower here)"
+
+
+def spent_minutes(budget: Budget) -> float:
+    return round((budget.total - budget.left()) / 60, 2)
+
+
+def start_budget(args: QuickstartArguments, output_dir: Path) -> Budget:
+    """The plan of this output folder: new, or the one a previous start left (then its options
+    must be these); written to plan.json at once."""
+    path = output_dir / PLAN_FILE
+    options = asdict(args)
+    if path.is_file():
+        plan = load_plan(path)
+        changed = [
+            f"{name} {plan.options.get(name)} -> {value}"
+            for name, value in options.items()
+            if name != "output_dir" and plan.options.get(name) != value
+        ]
+        if changed:
+            raise ConfigError(
+                f"{output_dir} holds a quickstart run made with other options "
+                f"({'; '.join(changed)}); pass another --output-dir, or the same options"
+            )
+        print(f"  reusing {path} ({plan.spent_seconds / 60:.1f} min spent)", flush=True)
+    else:
+        plan = Plan(options=options, bf16=bf16_pays_off(training_device()))
+        output_dir.mkdir(parents=True, exist_ok=True)
+    budget = Budget(plan, path, args.budget_minutes)
+    budget.save()
+    return budget
+
+
+# ---------------------------------------------------------------- pretraining
+
+
+def pretrain_families(args: QuickstartArguments, budget: Budget, data: Path) -> dict[Row, Path]:
+    """Each family pretrained with `egbert pretrain`'s defaults for its share of the budget."""
+    train_files, valid_files = corpus_files(data)
+    output_dir = Path(args.output_dir)
+    run_dirs = {}
+    for family in MODEL_FAMILIES:
+        run_dir = run_dirs[Row(family)] = output_dir / "pretrain" / family
+        if is_finished(run_dir):
+            print(f"  {family}: reusing {run_dir}", flush=True)
+            continue
+        share = budget.total * PRETRAIN_SHARE * FAMILY_SHARES[family]
+        minutes = budget.allot(f"pretrain/{family}", share, "pretrain")
+        budget.save()
+        print(f"  {family}: {minutes:.2f} minutes of training -> {run_dir}", flush=True)
+        start = time.perf_counter()
+        result = pretrain_run.run_pretraining(
+            model=family,
+            preset=args.preset,
+            tokenizer=str(output_dir / "tokenizer"),
+            train_files=list(map(str, train_files)),
+            validation_files=list(map(str, valid_files)),
+            max_eval_samples=VALIDATION_EXAMPLES,
+            doc_boundary="wikitext",
+            # Two Gutenberg books are Latin-1; their 7 non-ASCII bytes are not worth a pass.
+            encoding_errors="replace",
+            budget_minutes=minutes,
+            bf16=budget.plan.bf16,
+            seed=args.seed,
+            save_every=500,
+            keep_checkpoints=1,
+            resume=(run_dir / "checkpoints").is_dir(),
+            output_dir=str(run_dir),
+            card_datasets=CARD_DATASETS,
+        )
+        if result.interrupted:
+            raise RunStopped
+        budget.record("pretrain", time.perf_counter() - start, result.elapsed_seconds)
+        budget.save()
+    return run_dirs
+
+
+def save_twins(args: QuickstartArguments, tokenizer: PreTrainedTokenizerBase) -> dict[Row, Path]:
+    """Each family's twin: its model as pretraining starts it, saved at its random weights."""
+    pretrain_dir = Path(args.output_dir) / "pretrain"
+    return {
+        Row(family).twin(): save_twin(
+            family, args.preset, args.seed, tokenizer, pretrain_dir / f"{family}-random"
+        )
+        for family in MODEL_FAMILIES
+    }
+
+
+# ---------------------------------------------------------------- probe and prompts
+
+
+def evaluate_models(
+    models: dict[Row, Path],
+    tasks: list[str],
+    glue_dir: Path,
+    args: QuickstartArguments,
+    budget: Budget,
+) -> tuple[dict[Row, Evaluation], dict[Row, Evaluation], list[str]]:
+    """(probes, prompts, prompt tasks): every model probed, then gpt and its twin prompted, all
+    within EVALUATION_SHARE of the budget. A model and its twin share one size (examples per
+    task), the planned one or less where the runs measured before say the share left needs it;
+    the prompts are skipped where even their smallest size would not fit."""
+    prompt_tasks = [t for t in PROMPT_TASKS if split_file(get_task(t), "validation", glue_dir)]
+    pairs = [(Row(family), Row(family).twin()) for family in MODEL_FAMILIES]
+    groups = [("probe", pair) for pair in pairs] + [
+        ("prompt-eval", (Row("gpt"), Row("gpt").twin()))
+    ]
+    share = EVALUATION_SHARE * budget.total
+    start = time.perf_counter()
+    found: dict[str, dict[Row, Evaluation]] = {"probe": {}, "prompt-eval": {}}
+    for number, (command, rows) in enumerate(groups):
+        runs_left = sum(len(group_rows) for _, group_rows in groups[number:])
+        size = budget.size_for(
+            f"{command}/{rows[0].family}",
+            command,
+            planned_size(command, args.budget_minutes),
+            share,
+            runs_left,
+            required=command == "probe",
+        )
+        budget.save()
+        if size is None:
+            print(f"  {command}: skipped, the evaluation's share of the budget is spent")
+            continue
+        for row in rows:
+            found[command][row] = Evaluation(
+                evaluate_once(
+                    command, models[row], budget, size, tasks, prompt_tasks, glue_dir, args
+                ),
+                size,
+            )
+    print(f"  probed and prompted in {time.perf_counter() - start:.0f} s", flush=True)
+    return found["probe"], found["prompt-eval"], prompt_tasks
+
+
+def evaluate_once(
+    command: str,
+    model_dir: Path,
+    budget: Budget,
+    size: int,
+    tasks: list[str],
+    prompt_tasks: list[str],
+    glue_dir: Path,
+    args: QuickstartArguments,
+) -> dict[str, Any]:
+    """`egbert probe` or `egbert prompt-eval` (their Python API) on one model at `size` examples
+    per task, into <output>/<command>/<model>/, or the results a finished run left there."""
+    out = model_dir.parent.parent / command / model_dir.name
+    results_file = out / (probe.RESULTS_FILE if command == "probe" else prompting.RESULTS_FILE)
+    if results_file.is_file():
+        return json.loads(results_file.read_text(encoding="utf-8"))
+    print(f"  {command}: {model_dir.name} ({size} examples a task)", flush=True)
+    start = time.perf_counter()
+    if command == "probe":
+        results = probe.run_probe(
+            model_dir, tasks, glue_dir, features=PROBE_FEATURES, pool=PROBE_POOL,
+            max_train_samples=size, seed=args.seed, output_dir=out,
+        )  # fmt: skip
+    else:
+        results = prompting.run_prompt_eval(
+            model_dir, prompt_tasks, glue_dir, shots=PROMPT_SHOTS, max_eval_samples=size,
+            seed=args.seed, output_dir=out,
+        )  # fmt: skip
+    seconds = round(time.perf_counter() - start, 2)
+    budget.record_evaluation(EvaluationRun(command, model_dir.name, size, seconds))
+    budget.save()
+    return results
+
+
+# ---------------------------------------------------------------- fine-tuning
+
+
+def finetune_models(
+    models: dict[Row, Path],
+    tasks: list[str],
+    glue: Path | None,
+    args: QuickstartArguments,
+    budget: Budget,
+) -> dict[Row, dict[str, dict[int, float]]]:
+    """{row: {task: {seed: score}}}. First every model with the first seed, task by task, each
+    run of a task for the same minutes (its share of the time left); then, while the time left
+    allows a task's runs again, bert and its twin with further seeds, task by task (not the
+    tasks NOT_AVERAGED: no average holds them)."""
+    tasks = sorted(tasks, key=lambda task: train_size(task, glue))  # small first: time left over
+    first = [(task, [(row, args.seed) for row in models]) for task in tasks]
+    scores = run_finetune_pass(first, models, glue, args, budget)
+    pairs = [row for row in models if row.family == "bert"]
+    for seed in range(args.seed + 1, args.seed + MAX_SEEDS):
+        for task in averaged_tasks(tasks):
+            keys = [run_key(models[row], head, task, seed) for row in pairs for head in args.heads]
+            needed = sum(
+                budget.plan.run_seconds.get(run_key(models[row], head, task, args.seed), 0.0)
+                for row in pairs
+                for head in args.heads
+            )
+            done = all(key in budget.plan.run_seconds for key in keys)
+            if done or needed < budget.left() - REPORT_RESERVE_SECONDS:
+                runs = [(task, [(row, seed) for row in pairs])]
+                for row, by_task in run_finetune_pass(runs, models, glue, args, budget).items():
+                    scores[row][task] |= by_task[task]
+    return scores
+
+
+def run_finetune_pass(
+    plan: list[tuple[str, list[tuple[Row, int]]]],
+    models: dict[Row, Path],
+    glue: Path | None,
+    args: QuickstartArguments,
+    budget: Budget,
+) -> dict[Row, dict[str, dict[int, float]]]:
+    """Fine-tune each (task, [(model, seed), ...]) of `plan` with every head: the runs of a task
+    get the same minutes, the time left shared out over the runs left."""
+    scores: dict[Row, dict[str, dict[int, float]]] = {}
+    total = sum(len(runs) for _, runs in plan) * len(args.heads)
+    number = 0
+    for task, runs in plan:
+        for (model, seed), head in ((run, head) for run in runs for head in args.heads):
+            key = run_key(models[model], head, task, seed)
+            left = max(budget.left() - REPORT_RESERVE_SECONDS, 0.0)
+            minutes = budget.allot(
+                f"finetune/{task}/seed{seed}", left / (total - number), "finetune"
+            )
+            budget.save()
+            number += 1
+            print(f"  ({number}/{total}) {model.label} / {head} / {task} / seed {seed}")
+            start = time.perf_counter()
+            options = finetune_options(models[model], task, head, seed, glue, budget.plan.bf16)
+            run_dir = budget.path.parent / "finetune" / key
+            result, trained = finetune_once(run_dir, budget_minutes=minutes, **options)
+            if trained:
+                budget.record("finetune", time.perf_counter() - start, result["train_seconds"])
+                budget.plan.run_seconds[key] = round(time.perf_counter() - start, 2)
+                budget.save()
+            row = model if len(args.heads) == 1 else Row(model.family, model.pretrained, head)
+            scores.setdefault(row, {}).setdefault(task, {})[seed] = result["score"]
+    return scores
+
+
+def run_key(model_dir: Path, head: str, task: str, seed: int) -> str:
+    """A fine-tuning run's folder under finetune/ and its key in plan.json."""
+    return f"{model_dir.name}/{head}/{task}-seed{seed}"
