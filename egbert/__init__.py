@@ -18,10 +18,6 @@ import importlib
 from typing import Any
 
 from egbert import models  # noqa: F401  (registers the Auto classes)
-
-# Imported now, not on first use: `embed` is also a submodule's name, which an import of that
-# submodule would bind here instead of the function.
-from egbert.embed import TokenEmbeddings, embed, load_model
 from egbert.errors import CheckpointError, ConfigError, DataError, EgbertError, TrainingError
 
 __version__ = "0.1.0"
@@ -37,6 +33,7 @@ _EXPORTS = {
         "build_examples",
         "EVAL_METRICS",
     ],
+    "egbert.embedding": ["embed", "load_model", "TokenEmbeddings", "EmbedOptions"],
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
     "egbert.quickstart": [
         "run_quickstart",
@@ -91,9 +88,6 @@ _EXPORTS = {
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
-    "TokenEmbeddings",
-    "embed",
-    "load_model",
     "CheckpointError",
     "ConfigError",
     "DataError",

@@ -13,7 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenizer": ("egbert.tokenizer", "train the shared tokenizer or print its statistics"),
     "pretrain": ("egbert.pretrain.run", "pretrain a bert, gpt or elmo model on text files"),
     "finetune": ("egbert.finetune.run", "fine-tune and evaluate a model on GLUE or custom tasks"),
-    "embed": ("egbert.embed", "extract sentence or token embeddings from a model"),
+    "embed": ("egbert.embedding.command", "extract sentence or token embeddings from a model"),
     "probe": ("egbert.evaluation.probe", "score a frozen model's features with a linear probe"),
     "prompt-eval": ("egbert.evaluation.prompting", "score a gpt model by k-shot prompting"),
     "generate": ("egbert.generate", "generate text with a gpt model"),

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from egbert.cli import main as cli_main
-from egbert.embed import load_model
+from egbert.embedding import load_model
 from egbert.errors import CheckpointError
 from egbert.models.bert import EgbertBertConfig, EgbertBertModel
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM

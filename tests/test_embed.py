@@ -5,6 +5,7 @@ as a pretraining run leaves them), the real all-MiniLM-L6-v2 and tiny GPT-2 chec
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import warnings
@@ -17,7 +18,8 @@ from safetensors.numpy import load_file
 from transformers import AutoTokenizer
 
 from egbert import cli
-from egbert.embed import COMBINES, POOLS, embed, load_model, main
+from egbert.embedding import COMBINES, POOLS, embed, load_model
+from egbert.embedding.command import build_parser, main
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
@@ -81,8 +83,9 @@ def loaded(family_dirs: dict, minilm_dir: Path, tiny_gpt2_dir: Path) -> dict:
 
 
 def run(loaded: dict, name: str, texts=TEXTS, **options):
+    """`embed` with a loaded model; per-token results unless a test pools (pool=...)."""
     model, tokenizer = loaded[name]
-    return embed(model, texts, tokenizer=tokenizer, **options)
+    return embed(model, texts, tokenizer=tokenizer, **{"pool": "none", **options})
 
 
 def hidden_states(loaded: dict, name: str, text: str) -> tuple[torch.Tensor, ...]:
@@ -322,6 +325,53 @@ def test_cli_writes_npy_safetensors_and_jsonl(family_dirs: dict, tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["input.txt", "out.npy", "out.safetensors", "out.jsonl"]
     )  # no temp files left
+
+
+def test_the_library_and_the_command_share_their_defaults(family_dirs: dict, tmp_path: Path):
+    """Mean pooling of the last four layers concatenated, in batches of 64, both ways."""
+    model_dir = family_dirs["bert"]
+    source = tmp_path / "input.txt"
+    source.write_text("\n".join(TEXTS[:2]) + "\n", encoding="utf-8")
+    main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o.npy")])
+    vectors = embed(model_dir, TEXTS[:2])
+    assert vectors.shape == (2, 4 * WIDTH)
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), vectors, atol=1e-6)
+    parser_defaults = build_parser().parse_args(["--model", "m", "--input", "i", "--output", "o"])
+    assert (parser_defaults.pool, parser_defaults.batch_size) == ("mean", 64)
+    assert parser_defaults.layers == "-1,-2,-3,-4"
+
+
+def test_cli_reads_stdin_and_writes_jsonl_to_stdout(
+    family_dirs: dict, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+):
+    """`echo "a sentence" | egbert embed --model M --input - --output -`: one JSON line on
+    stdout, everything else on stderr."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("a sentence\n"))
+    cli.main(["embed", "--model", str(family_dirs["gpt"]), "--input", "-", "--output", "-"])
+    out, err = capfd.readouterr()
+    lines = out.splitlines()
+    assert len(lines) == 1, out
+    expected = embed(family_dirs["gpt"], ["a sentence"])
+    np.testing.assert_allclose(json.loads(lines[0])["vector"], expected[0], atol=1e-6)
+    assert "wrote 1 embeddings to stdout" in err
+
+
+def test_output_to_a_file_from_python_streams_any_iterable(family_dirs: dict, tmp_path: Path):
+    """`embed(..., output=...)` from Python: a generator into .npy (listed first: the header
+    needs the count) and into .jsonl, per-token, in chunks."""
+    model_dir = family_dirs["bert"]
+    texts = TEXTS * 5
+    written = embed(model_dir, (t for t in texts), output=tmp_path / "v.npy", batch_size=2)
+    assert written == tmp_path / "v.npy"
+    np.testing.assert_allclose(np.load(written), embed(model_dir, texts), atol=1e-6)
+    embed(model_dir, iter(texts), output=tmp_path / "t.jsonl", pool="none", layers=(-1,))
+    records = [json.loads(line) for line in (tmp_path / "t.jsonl").open()]
+    assert len(records) == len(texts) and np.array(records[1]["vectors"]).shape[1] == WIDTH
+    with pytest.raises(ConfigError, match="go to .jsonl"):
+        embed(model_dir, texts, output=tmp_path / "t.npy", pool="none")
+    with pytest.raises(DataError, match="no texts"):
+        embed(model_dir, iter([]), output=tmp_path / "e.jsonl")
+    assert not (tmp_path / "e.jsonl").exists()
 
 
 def test_cli_token_level_jsonl_from_jsonl_pairs(family_dirs: dict, tmp_path: Path):

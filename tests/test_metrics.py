@@ -8,7 +8,14 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from egbert.errors import ConfigError
-from egbert.finetune.metrics import compute_task_metrics, glue_score, task_score
+from egbert.finetune.metrics import (
+    GlueAverage,
+    compute_task_metrics,
+    format_metrics,
+    glue_average,
+    glue_score,
+    task_score,
+)
 
 RNG = np.random.default_rng(0)
 GOLD = RNG.integers(0, 2, size=200)
@@ -83,3 +90,15 @@ def test_glue_score_reproduces_bert_base_on_the_leaderboard() -> None:
 def test_glue_score_rejects_the_diagnostic_set() -> None:
     with pytest.raises(ConfigError, match="not GLUE-scored tasks: \\['ax'\\]"):
         glue_score({"rte": 0.6, "ax": 0.3})
+
+
+def test_glue_average_skips_custom_and_left_out_tasks_and_names_the_rest() -> None:
+    average = glue_average({"rte": 0.6, "my-task": 0.9, "stsb": 0.2, "wnli": 0.5}, ["wnli"])
+    assert average == GlueAverage(pytest.approx(0.4), ("rte", "stsb"))
+    assert glue_average({"my-task": 0.9}) is None
+
+
+def test_format_metrics_shortens_names_and_tags_other_dev_sets() -> None:
+    assert format_metrics({"validation": {"accuracy": 0.8, "f1": 0.85}}) == "acc 80.00 / f1 85.00"
+    mnli = {"validation_matched": {"accuracy": 0.841}, "validation_mismatched": {"accuracy": 0.834}}
+    assert format_metrics(mnli) == "matched acc 84.10; mismatched acc 83.40"

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoTokenizer
 
 from egbert.cli import main as cli_main
-from egbert.embed import load_model
+from egbert.embedding import load_model
 from egbert.evaluation import run_probe
 from egbert.evaluation.probe import fit_probe, sentence_vectors, task_vectors
 from egbert.finetune.metrics import compute_task_metrics

@@ -4,7 +4,7 @@ The feature-based evaluation of ELMo (Peters et al. 2018) and SentEval (Conneau 
 the model stays frozen and every example becomes one vector, pooled from chosen layers; a linear
 model is trained on the training split's vectors and scored on dev with GLUE's metric. Works for
 egbert's bert, gpt and elmo models and for stock BERT / GPT-2 directories that `egbert embed`
-loads; the vectors come from `egbert.embed.embed` (no grad, batched by length).
+loads; the vectors come from `egbert.embed` (no grad, batched by length).
 
 - `--features`: `last` (the last layer), `last4-concat` / `last4-sum` (the last four entries of
   `hidden_states`, top first, as the fine-tuning heads take them; all of them for a model with
@@ -53,7 +53,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from egbert.embed import embed, load_model
+from egbert.embedding import embed, load_model
 from egbert.errors import ConfigError, DataError
 from egbert.evaluation.results import (
     add_model_and_task_arguments,
