@@ -197,7 +197,7 @@ def test_cli_prints_a_table_and_writes_the_results_on_sst2(family_dirs, data_dir
     assert (sst2["n_train"], sst2["n_dev"]) == (200, 872)
     assert 0 <= sst2["score"] <= 1 and sst2["feature_size"] == 32
     assert results["options"]["features"] == "all-mean" and results["options"]["pool"] == "cls"
-    assert f"| sst2 | accuracy {100 * sst2['score']:.2f} |" in out
+    assert f"| sst2 | acc {100 * sst2['score']:.2f} |" in out
 
 
 @pytest.mark.parametrize(
