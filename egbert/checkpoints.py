@@ -350,9 +350,10 @@ class Checkpointer:
         found = checkpoints_in(self.folder)
         return found[-1][1] if found else None
 
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Write `step-{step}` with the trainer's `state` as JSON; a failed write leaves the
-        previous checkpoints intact and raises a one-line CheckpointError."""
+    def save(self, step: int, state: dict[str, Any], write_extras: Any = None) -> Path:
+        """Write `step-{step}` with the trainer's `state` as JSON (and what `write_extras(folder)`
+        adds, e.g. the tokenizer); a failed write leaves the previous checkpoints intact and
+        raises a one-line CheckpointError."""
         accelerator = self.accelerator
         final = self.folder / f"step-{step}"
         if final.is_dir():  # this very state is saved already (e.g. stopped right after resume)
@@ -365,7 +366,9 @@ class Checkpointer:
         ok = self._on_all_processes(lambda: accelerator.save_state(str(temp)))
         if ok:  # every process has written its part: the main one publishes the whole
             main = accelerator.is_main_process
-            ok = self._on_all_processes(lambda: main and self._publish(temp, final, state))
+            ok = self._on_all_processes(
+                lambda: main and self._publish(temp, final, state, write_extras)
+            )
         if not ok:
             if accelerator.is_main_process:
                 shutil.rmtree(temp, ignore_errors=True)
@@ -394,7 +397,9 @@ class Checkpointer:
         flag = torch.tensor([failed], device=self.accelerator.device)
         return not self.accelerator.reduce(flag, reduction="sum").item() > 0
 
-    def _publish(self, temp: Path, final: Path, state: dict[str, Any]) -> None:
+    def _publish(self, temp: Path, final: Path, state: dict[str, Any], write_extras: Any) -> None:
+        if write_extras is not None:
+            write_extras(temp)
         with (temp / STATE_FILE).open("w", encoding="utf-8") as handle:
             json.dump(state, handle, indent=2)
         fsync_tree(temp)

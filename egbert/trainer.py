@@ -206,7 +206,8 @@ class Trainer:
         data collator); batch_metrics, compute_metrics, finalize_metrics: see the module doc.
     run_config: what defines the run beyond the trainer's options (model size, tokenizer, data,
         seq len); saved with each checkpoint and compared on resume.
-    tokenizer: saved with the final model. card: what the model card's Hub metadata says.
+    tokenizer: saved with the final model, the best one and every checkpoint.
+    card: what the model card's Hub metadata says.
     """
 
     def __init__(
@@ -615,7 +616,7 @@ class Trainer:
             return
         self.state.best_metric, self.state.best_step = value, self.state.step
         self.state.best_metrics = dict(metrics)
-        self._save_model(self.output_dir / "best")
+        self._save_model(self.output_dir / "best", self._write_tokenizer)
 
     def _final_metrics(self) -> dict[str, float]:
         if not self.eval_sets:
@@ -638,7 +639,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """checkpoints/step-N, atomically (egbert.checkpoints.Checkpointer)."""
-        return self.checkpoints.save(self.state.step, asdict(self.state))
+        return self.checkpoints.save(self.state.step, asdict(self.state), self._write_tokenizer)
 
     def _start_or_resume(self) -> None:
         self.checkpoints.clean_leftovers(self.output_dir)
@@ -674,6 +675,12 @@ class Trainer:
         with label_smoothing(self._unwrapped, self._model_label_smoothing):
             save_model_folder(self.accelerator, self.model, target, write_extras)
 
+    def _write_tokenizer(self, folder: Path) -> None:
+        """The tokenizer beside every saved model, checkpoints included: any of them loads
+        with AutoTokenizer as well as the final model."""
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(folder)
+
     def _save_final_model(self, metrics: dict[str, float]) -> Path:
         """`OUTPUT_DIR/model`: what a Hub repository holds (weights, config, generation config,
         tokenizer, model card); checkpoints and logs stay beside it."""
@@ -689,8 +696,7 @@ class Trainer:
         )
 
         def write_tokenizer_and_card(folder: Path) -> None:
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(folder)
+            self._write_tokenizer(folder)
             card.save(folder / "README.md")
 
         target = self.output_dir / RUN_MODEL_DIR

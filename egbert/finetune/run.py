@@ -72,6 +72,7 @@ from egbert.finetune.tasks import (
 )
 from egbert.models.convert import convert_checkpoint
 from egbert.report import ModelCardInfo
+from egbert.runtime import check_trackers_installed
 from egbert.tokenizer import check_vocab_matches, load_tokenizer
 from egbert.trainer import Trainer
 
@@ -138,6 +139,7 @@ def run_finetuning(**options: Any) -> FinetuneOutput:
 def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOutput:
     """Fine-tune on each task asked for; returns the results and their table."""
     check_paths(args)
+    check_trackers_installed(training.report_to)  # before the data is tokenized
     tasks = resolve_tasks(args)
     output_dir = Path(training.output_dir)
     output = FinetuneOutput()

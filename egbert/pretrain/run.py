@@ -50,6 +50,7 @@ from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 from egbert.pretrain import data
 from egbert.report import ModelCardInfo
+from egbert.runtime import check_trackers_installed
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 from egbert.trainer import Trainer, TrainOutput
 
@@ -139,6 +140,7 @@ def parse_pretrain_args(argv: list[str] | None) -> tuple[PretrainArguments, Trai
 
 def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> TrainOutput:
     """Build tokenizer, data and model from the options, train, and return the trainer's result."""
+    check_trackers_installed(training_args.report_to)  # before the data is tokenized
     tokenizer = load_tokenizer(args.tokenizer)
     set_seed(training_args.seed)  # the model's initial weights
     model, preset = build_model(args, tokenizer)

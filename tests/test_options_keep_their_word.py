@@ -1,0 +1,85 @@
+"""Options that must do what their help and the docs say, each run through its job's Python API
+(`egbert.run_pretraining` / `egbert.run_finetuning`) or the command, on tiny data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from egbert import run_finetuning, run_pretraining
+from egbert.errors import ConfigError
+
+pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
+
+
+@pytest.fixture(scope="module")
+def small_corpus(wikitext_slice: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """300 lines of the WikiText slice to train on, the next 100 to validate on."""
+    lines = wikitext_slice.read_text(encoding="utf-8").splitlines(keepends=True)
+    folder = tmp_path_factory.mktemp("small-corpus")
+    (folder / "train.tokens").write_text("".join(lines[:300]), encoding="utf-8")
+    (folder / "valid.tokens").write_text("".join(lines[300:400]), encoding="utf-8")
+    return {"train": folder / "train.tokens", "valid": folder / "valid.tokens"}
+
+
+def tiny_run(model: str, tokenizer: Path, corpus: dict, out: Path, **options) -> dict:
+    """The options of a few-step tiny run; `options` override or add to them."""
+    return {
+        "model": model,
+        "preset": "tiny",
+        "tokenizer": str(tokenizer),
+        "train_files": [str(corpus["train"])],
+        "doc_boundary": "wikitext",
+        "output_dir": str(out),
+        "seq_len": 32,
+        "batch_size": 8,
+        "max_steps": 4,
+        "report_to": ["none"],
+        **options,
+    }
+
+
+def records(out: Path, split: str) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [record for record in map(json.loads, lines) if record["split"] == split]
+
+
+# ---------------------------------------------------------------- item 8: --report-to
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "mlflow", "trackio"])
+def test_a_tracker_that_is_not_installed_is_refused_before_training(
+    tracker, small_corpus, tiny_tokenizer_dir, tmp_path
+):
+    pytest.importorskip("accelerate.tracking")
+    from accelerate.tracking import get_available_trackers
+
+    if tracker in {str(name) for name in get_available_trackers()}:
+        pytest.skip(f"{tracker} is installed here")
+    out = tmp_path / "run"
+    options = tiny_run("gpt", tiny_tokenizer_dir, small_corpus, out, report_to=[tracker])
+    with pytest.raises(ConfigError) as error:
+        run_pretraining(**options)
+    message = str(error.value)
+    assert "\n" not in message and f"--report-to {tracker}" in message
+    assert f"pip install {tracker}" in message
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+
+
+# ---------------------------------------------------------------- item 2: tokenizer everywhere
+
+
+def test_every_checkpoint_and_the_best_model_hold_the_tokenizer(
+    small_corpus, tiny_tokenizer_dir, tmp_path
+):
+    out = tmp_path / "run"
+    options = tiny_run("gpt", tiny_tokenizer_dir, small_corpus, out, save_every=2)
+    options |= {"validation_files": [str(small_corpus["valid"])], "eval_every": 2}
+    run_pretraining(**options, metric_for_best_model="loss", keep_checkpoints=3)
+    expected = AutoTokenizer.from_pretrained(out / "model").get_vocab()
+    folders = [out / "checkpoints" / "step-2", out / "checkpoints" / "step-4", out / "best"]
+    for folder in folders:
+        assert AutoTokenizer.from_pretrained(folder).get_vocab() == expected, folder
