@@ -208,6 +208,8 @@ class Trainer:
         seq len); saved with each checkpoint and compared on resume.
     tokenizer: saved with the final model, the best one and every checkpoint.
     card: what the model card's Hub metadata says.
+    epoch_ends: also evaluate (when `eval_every` is 0) and checkpoint (when `save_every` is 0)
+        where each epoch ends, however many steps it took (fine-tuning's epochs).
     """
 
     def __init__(
@@ -224,6 +226,7 @@ class Trainer:
         run_config: dict[str, Any] | None = None,
         tokenizer: Any = None,
         card: report.ModelCardInfo | None = None,
+        epoch_ends: bool = False,
     ) -> None:
         self.args = args
         self.output_dir = Path(args.output_dir)
@@ -232,6 +235,7 @@ class Trainer:
         self.batch_metrics, self.compute_metrics = batch_metrics, compute_metrics
         self.finalize_metrics = finalize_metrics
         self.tokenizer, self.card = tokenizer, card
+        self.epoch_ends = epoch_ends
         self.accelerator = make_accelerator(args, self.output_dir)
         self.log = report.RunLog(self.accelerator, self.output_dir)
         self.checkpoints = Checkpointer(
@@ -417,7 +421,18 @@ class Trainer:
             raise DataError("the training data gives no batches; check the training files")
         self.state.epoch += 1
         self.state.batches_in_epoch = 0
+        self._at_epoch_end()
         return True
+
+    def _at_epoch_end(self) -> None:
+        if not self.epoch_ends:
+            return
+        paused_at = time.perf_counter()
+        if not self.args.eval_every and self.eval_sets:
+            self._evaluate_and_track()
+        if not self.args.save_every:
+            self.save_checkpoint()
+        self._clock += time.perf_counter() - paused_at
 
     def _optimizer_step(self, group: list[dict[str, Any]]) -> bool:
         """Forward and backward over `group` (accumulated), then one update unless the loss is
@@ -592,11 +607,22 @@ class Trainer:
     def _evaluate_and_track(self) -> dict[str, float]:
         metrics = self.evaluate()
         self._last_eval, self._last_eval_step = metrics, self.state.step
-        self.log.record("eval", {"step": self.state.step, **metrics})
+        self.log.record("eval", {"step": self.state.step, "epoch": self._epochs_done(), **metrics})
         summary = ", ".join(f"{name} {value:.4g}" for name, value in metrics.items())
         self.log.message(f"eval at step {self.state.step}: {summary}")
         self._track_best(metrics)
         return metrics
+
+    def _epochs_done(self) -> float:
+        """Epochs trained, the current one's share of batches included (the last step of a
+        run ends its epoch before the epoch count moves on)."""
+        state = self.state
+        try:
+            share = state.batches_in_epoch / len(self.train_loader)
+        except TypeError:  # streaming: no length
+            return state.epoch
+        done = round(state.epoch + share, 4)
+        return int(done) if done.is_integer() else done
 
     def _track_best(self, metrics: dict[str, float]) -> None:
         name = self.args.metric_for_best_model

@@ -83,3 +83,68 @@ def test_every_checkpoint_and_the_best_model_hold_the_tokenizer(
     folders = [out / "checkpoints" / "step-2", out / "checkpoints" / "step-4", out / "best"]
     for folder in folders:
         assert AutoTokenizer.from_pretrained(folder).get_vocab() == expected, folder
+
+
+# ---------------------------------------------------------------- item 6: finetune's intervals
+
+TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+TINY_BERT |= {"intermediate_size": 64, "max_position_embeddings": 64}
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised egbert BERT saved with the shared tiny tokenizer."""
+    import torch
+
+    from egbert.models.bert import EgbertBertConfig, EgbertBertModel
+    from egbert.tokenizer import load_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny-bert")
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    torch.manual_seed(0)
+    EgbertBertModel(EgbertBertConfig(vocab_size=len(tokenizer), **TINY_BERT)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def rte_run(model: Path, micro_data: Path, out: Path, **options) -> dict:
+    """RTE's 24 training rows in batches of 4: 6 batches an epoch."""
+    return {
+        "task": "rte",
+        "model": str(model),
+        "data_dir": str(micro_data / "glue"),
+        "output_dir": str(out),
+        "batch_size": 4,
+        "max_seq_length": 32,
+        "lr": 1e-3,
+        "report_to": ["none"],
+        **options,
+    }
+
+
+def test_finetune_keeps_the_users_eval_and_save_intervals(tiny_bert_dir, micro_data, tmp_path):
+    out = tmp_path / "rte"
+    options = rte_run(tiny_bert_dir, micro_data, out, epochs=1, eval_every=2, save_every=4)
+    run_finetuning(**options, keep_checkpoints=3)
+    assert [record["step"] for record in records(out, "eval")] == [2, 4, 6]
+    # every 4 steps and at the end, not at the epoch's end only
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-4", "step-6"]
+
+
+def test_finetune_evaluates_at_each_epoch_end_by_default(tiny_bert_dir, micro_data, tmp_path):
+    out = tmp_path / "rte"
+    result = run_finetuning(**rte_run(tiny_bert_dir, micro_data, out, epochs=2)).results[0]
+    assert [record["step"] for record in records(out, "eval")] == [6, 12]
+    assert [entry["epoch"] for entry in result["history"]] == [1, 2]
+
+
+def test_finetune_with_a_batch_ramp_evaluates_where_epochs_end(tiny_bert_dir, micro_data, tmp_path):
+    """The ramp from 1 to 2 batches a step over 8 steps: the first epoch's 6 batches end after
+    step 5 (1+1+1+1+2), the second's at step 8 (2+2+2); evaluations and best_epoch follow."""
+    out = tmp_path / "rte"
+    options = rte_run(tiny_bert_dir, micro_data, out, batch_ramp_to=8, max_steps=8)
+    result = run_finetuning(**options).results[0]
+    assert [record["step"] for record in records(out, "eval")] == [5, 8]
+    assert [entry["epoch"] for entry in result["history"]] == [1, 2]
+    best = max(result["history"], key=lambda entry: entry["score"])
+    assert result["best_epoch"] == best["epoch"]

@@ -19,7 +19,8 @@ and the trainer's logs and checkpoints beside them. `--task all` runs every task
 dev files are present, each in `OUTPUT_DIR/<task>/`, and prints one Markdown table with the
 GLUE average. Every option can also come from a YAML/JSON file given with --config.
 
-A checkpoint is written after every epoch (`--save-every N`: every N steps); after a kill,
+Dev is evaluated and a checkpoint written after every epoch (`--eval-every N`, `--save-every N`:
+every N steps instead); after a kill,
 SIGTERM or Ctrl-C the same command with `--resume` goes on from it, to the same result.
 """
 
@@ -103,7 +104,8 @@ EPILOG = """examples:
 
 OUTPUT_DIR gets model/ (the best epoch's model, its tokenizer and card), eval_results.json,
 predictions/<TASK>.tsv (GLUE's submission format), metrics.jsonl, train.log and loss_curve.png.
-Epochs are evaluated on dev and checkpointed (--save-every N: every N steps instead)."""
+Each epoch's end is evaluated on dev and checkpointed, however many steps it took (with
+--batch-ramp-to too); --eval-every N and --save-every N: every N steps instead."""
 
 
 @dataclass
@@ -436,10 +438,8 @@ def run_task(
         run_config={"task": task.name, "model": str(args.model), "head": head_options(args)},
         tokenizer=tokenizer,
         card=model_card_info(task, args),
+        epoch_ends=True,  # evaluate on dev and checkpoint after every epoch, unless asked
     )
-    steps_per_epoch = -(-len(trainer.train_loader) // training.grad_accum)
-    training.eval_every = steps_per_epoch  # evaluate on dev after every epoch
-    training.save_every = training.save_every or steps_per_epoch
     outcome = trainer.train()
     if outcome.interrupted:  # a signal: the trainer saved a checkpoint and said so
         return None
@@ -454,14 +454,14 @@ def run_task(
         "model": str(args.model),
         "metrics": by_split(outcome.metrics, dev_names, metric_names),
         "score": outcome.metrics["score"],
-        "best_epoch": outcome.best_step // steps_per_epoch,
+        "best_epoch": next(r["epoch"] for r in history if r["step"] == outcome.best_step),
         "epochs": training.epochs,
         "train_examples": len(train_set),
         "train_seconds": round(outcome.elapsed_seconds, 1),
         "seconds": round(time.perf_counter() - start, 1),
         "history": [
             {
-                "epoch": record["step"] // steps_per_epoch,
+                "epoch": record["epoch"],
                 "score": record["score"],
                 "metrics": by_split(record, dev_names, metric_names),
             }
