@@ -52,6 +52,7 @@ from transformers import EvalPrediction
 
 from egbert import optimization, report
 from egbert.checkpoints import (
+    OPTIONS,
     RUN_MODEL_DIR,
     Checkpointer,
     TrainerState,
@@ -204,8 +205,10 @@ class Trainer:
     eval_dataset: one evaluation set, or {name: set} (each one's metrics prefixed `name_`),
         evaluated every `eval_every` steps and at the end with `eval_collator` (default: the
         data collator); batch_metrics, compute_metrics, finalize_metrics: see the module doc.
-    run_config: what defines the run beyond the trainer's options (model size, tokenizer, data,
-        seq len); saved with each checkpoint and compared on resume.
+    run_config: what defines the run: {"options": the job's options (its dataclass fields),
+        ...: what else identifies the model, tokenizer and data}; the trainer adds its own
+        options; saved with each checkpoint and compared on resume (a few options may change:
+        egbert.checkpoints.MAY_CHANGE_ON_RESUME).
     tokenizer: saved with the final model, the best one and every checkpoint.
     card: what the model card's Hub metadata says.
     epoch_ends: also evaluate (when `eval_every` is 0) and checkpoint (when `save_every` is 0)
@@ -242,15 +245,13 @@ class Trainer:
             self.accelerator, self.output_dir / "checkpoints", args.keep_checkpoints
         )
         keep_freed_memory_in_process(self.accelerator.device)
+        run_config = run_config or {}
         self.run_config = {
-            **(run_config or {}),
-            # The data each process sees depends on these, so a resume must keep them.
-            "trainer": {
-                "batch_size": args.batch_size,
-                "grad_accum": args.grad_accum,
-                "seed": args.seed,
-                "num_processes": self.accelerator.num_processes,
-            },
+            **run_config,
+            # every option, the job's and the trainer's (a resume may change only a few)
+            OPTIONS: {**run_config.get(OPTIONS, {}), **asdict(args)},
+            # the data each process sees depends on it
+            "num_processes": self.accelerator.num_processes,
         }
         self.state = TrainerState(
             run_config=self.run_config, config_hash=config_hash(self.run_config)
@@ -675,8 +676,7 @@ class Trainer:
                 f"{self.output_dir} already holds checkpoints; pass --resume to continue that "
                 "run or choose a new --output-dir"
             )
-        options = {"training": asdict(self.args), **self.run_config}
-        self.accelerator.init_trackers("egbert", config=report.tracker_config(options))
+        self.accelerator.init_trackers("egbert", config=report.tracker_config(self.run_config))
         if latest is None:
             if self.args.resume:
                 self.log.message(f"egbert: no checkpoint in {self.checkpoints.folder}; starting")
@@ -710,8 +710,7 @@ class Trainer:
     def _save_final_model(self, metrics: dict[str, float]) -> Path:
         """`OUTPUT_DIR/model`: what a Hub repository holds (weights, config, generation config,
         tokenizer, model card); checkpoints and logs stay beside it."""
-        options = {"training": asdict(self.args)}
-        options |= {k: v for k, v in self.run_config.items() if k != "trainer"}
+        options = {k: v for k, v in self.run_config.items() if k != "num_processes"}
         card = report.model_card(
             self.card or report.ModelCardInfo(),
             self._unwrapped,

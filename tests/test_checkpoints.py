@@ -131,7 +131,7 @@ def test_checkpoint_resume_best_and_final_model_keep_every_lstm_weight(tmp_path)
         torch.testing.assert_close(final.state_dict()[name], best[name], rtol=0, atol=0)
     # a resumed run starts from the checkpoint's LSTM weights, not from random ones
     AcceleratorState._reset_state(reset_partial_state=True)
-    resumed = flat_trainer(tmp_path, max_steps=8, resume=True)
+    resumed = flat_trainer(tmp_path, max_steps=8, resume=True, metric_for_best_model="loss")
     resumed._start_or_resume()
     model = resumed.accelerator.unwrap_model(resumed.model)
     for name in names:

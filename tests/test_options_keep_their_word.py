@@ -148,3 +148,142 @@ def test_finetune_with_a_batch_ramp_evaluates_where_epochs_end(tiny_bert_dir, mi
     assert [entry["epoch"] for entry in result["history"]] == [1, 2]
     best = max(result["history"], key=lambda entry: entry["score"])
     assert result["best_epoch"] == best["epoch"]
+
+
+# ---------------------------------------------------------------- item 3: what --resume allows
+
+REQUIRED = {
+    "PretrainArguments": {"model": "bert", "tokenizer": "tok", "train_files": ["a.txt"]},
+    "TrainingArguments": {"output_dir": "out"},
+    "FinetuneArguments": {"model": "model-dir"},
+}
+
+
+def changed_value(value):
+    """Another value of the same kind (a set value for an unset one)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value * 2 + 1
+    if isinstance(value, str):
+        return value + "-changed"
+    if isinstance(value, list):
+        return [*value, "changed"]
+    return 1
+
+
+def every_option() -> list[tuple[str, str, object]]:
+    from dataclasses import asdict
+
+    from egbert import config
+
+    found = []
+    for name, required in REQUIRED.items():
+        defaults = asdict(getattr(config, name)(**required))
+        found += [(name, field, value) for field, value in defaults.items()]
+    return found
+
+
+@pytest.mark.parametrize(("group", "field", "default"), every_option())
+def test_resume_refuses_every_changed_option_but_the_allowed_ones(group, field, default):
+    from egbert.checkpoints import LONGER_ON_RESUME, MAY_CHANGE_ON_RESUME, config_differences
+
+    new = changed_value(default)
+    refused = config_differences({"options": {field: default}}, {"options": {field: new}})
+    if field in MAY_CHANGE_ON_RESUME:
+        assert refused == []
+    else:
+        assert refused == [f"--{field.replace('_', '-')} {default} -> {new}"]
+    if field in LONGER_ON_RESUME:  # a longer run may go on from a shorter one, not the reverse
+        assert config_differences({"options": {field: 2}}, {"options": {field: 3}}) == []
+        assert config_differences({"options": {field: 3}}, {"options": {field: 2}}) != []
+
+
+def test_the_allow_list_names_only_real_options():
+    from egbert.checkpoints import LONGER_ON_RESUME, MAY_CHANGE_ON_RESUME
+
+    names = {field for _, field, _ in every_option()}
+    assert set(MAY_CHANGE_ON_RESUME) | set(LONGER_ON_RESUME) <= names
+    # what changes the trained model is never allowed
+    assert not {"lr", "seed", "batch_size", "config_overrides", "train_files"} & (
+        set(MAY_CHANGE_ON_RESUME)
+    )
+
+
+def test_a_pretraining_checkpoint_holds_every_option(small_corpus, tiny_tokenizer_dir, tmp_path):
+    from dataclasses import fields
+
+    from egbert.config import PretrainArguments, TrainingArguments
+
+    out = tmp_path / "run"
+    run_pretraining(**tiny_run("gpt", tiny_tokenizer_dir, small_corpus, out, max_steps=2))
+    state = json.loads((out / "checkpoints/step-2/trainer_state.json").read_text())
+    names = {f.name for cls in (PretrainArguments, TrainingArguments) for f in fields(cls)}
+    assert set(state["run_config"]["options"]) == names
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        (["--config-overrides", "hidden_dropout_prob=0.2"], "--config-overrides"),
+        (["--short-seq-prob", "0.3"], "--short-seq-prob 0.1 -> 0.3"),
+        (["--encoding-errors", "replace"], "--encoding-errors strict -> replace"),
+        (["--max-steps", "2"], "--max-steps 4 -> 2"),
+        (["--lr", "0.002"], "--lr 0.001 -> 0.002"),
+    ],
+)
+def test_pretrain_resume_refuses_a_changed_option_in_one_line(
+    change, refused, small_corpus, tiny_tokenizer_dir, tmp_path
+):
+    from egbert.cli import main as cli_main
+
+    out = tmp_path / "run"
+    argv = ["pretrain", "--model", "bert", "--preset", "tiny", "--tokenizer"]
+    argv += [str(tiny_tokenizer_dir), "--train-files", str(small_corpus["train"])]
+    argv += ["--doc-boundary", "wikitext", "--output-dir", str(out), "--seq-len", "32"]
+    argv += ["--batch-size", "8", "--max-steps", "4", "--report-to", "none", "--nsp", "true"]
+    cli_main(argv)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main([*argv, "--resume", *change])
+    message = str(exit_info.value.code)
+    assert message.startswith("egbert pretrain: error: cannot resume") and "\n" not in message
+    assert refused in message, message
+
+
+def test_pretrain_resume_takes_new_intervals_and_a_longer_run(
+    small_corpus, tiny_tokenizer_dir, tmp_path
+):
+    out = tmp_path / "run"
+    options = tiny_run("gpt", tiny_tokenizer_dir, small_corpus, out)
+    run_pretraining(**options)
+    resumed = run_pretraining(
+        **options
+        | {"resume": True, "max_steps": 6, "log_every": 1, "save_every": 5, "num_proc": 1}
+        | {"keep_checkpoints": 3, "report_to": ["tensorboard"]}
+    )
+    assert resumed.step == 6
+    assert [record["step"] for record in records(out, "train")] == [4, 5, 6]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step-4",
+        "step-5",
+        "step-6",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        ({"max_train_samples": 12}, "--max-train-samples None -> 12"),
+        ({"max_seq_length": 48}, "--max-seq-length 32 -> 48"),
+        ({"config_overrides": "hidden_dropout_prob=0.2"}, "--config-overrides None -> hidden"),
+    ],
+)
+def test_finetune_resume_refuses_a_changed_option(
+    change, refused, tiny_bert_dir, micro_data, tmp_path
+):
+    out = tmp_path / "rte"
+    options = rte_run(tiny_bert_dir, micro_data, out, max_steps=2, predict=False)
+    run_finetuning(**options)
+    with pytest.raises(ConfigError, match="cannot resume") as error:
+        run_finetuning(**options | change | {"resume": True})
+    assert refused in str(error.value)

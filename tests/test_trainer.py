@@ -423,7 +423,7 @@ def test_resume_with_a_changed_config_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"seq_len: 8 -> 16.*--resume-anyway"):
         make_trainer(tmp_path, max_steps=4, resume=True, run_config=changed).train()
     AcceleratorState._reset_state(reset_partial_state=True)
-    with pytest.raises(ConfigError, match="trainer.batch_size: 4 -> 2"):
+    with pytest.raises(ConfigError, match="--batch-size 4 -> 2"):
         make_trainer(tmp_path, max_steps=4, resume=True, batch_size=2).train()
     AcceleratorState._reset_state(reset_partial_state=True)
     result = make_trainer(

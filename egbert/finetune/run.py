@@ -435,7 +435,7 @@ def run_task(
         eval_dataset=dev_sets if len(dev_sets) > 1 else dev_sets[dev_names[0]],
         compute_metrics=dev_metrics,
         finalize_metrics=with_score,
-        run_config={"task": task.name, "model": str(args.model), "head": head_options(args)},
+        run_config={"options": asdict(args), "task": task.name},
         tokenizer=tokenizer,
         card=model_card_info(task, args),
         epoch_ends=True,  # evaluate on dev and checkpoint after every epoch, unless asked

@@ -320,10 +320,12 @@ def _check_special_tokens(args: PretrainArguments, tokenizer) -> None:
 
 
 def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> dict[str, Any]:
-    """What a resumed run must share with the original: model, tokenizer, data, example shape."""
+    """What a resumed run must share with the original: the options, and the identity of the
+    model config, the tokenizer and the data files."""
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
     return {
-        "model": {"family": args.model, "nsp": args.nsp, "objective": args.objective, **preset},
+        "options": asdict(args),
+        "model": preset,
         "tokenizer": {
             "size": len(tokenizer),
             "vocab_sha256": hashlib.sha256(vocab.encode()).hexdigest()[:16],
@@ -331,13 +333,7 @@ def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> di
         "data": {
             "train_files": _file_identities(args.train_files),
             "validation_files": _file_identities(args.validation_files),
-            "doc_boundary": args.doc_boundary,
-            "encoding": args.encoding,
         },
-        "seq_len": args.seq_len,
-        "mlm_probability": args.mlm_probability,
-        "whole_word_mask": args.whole_word_mask,
-        "dupe_factor": args.dupe_factor,
     }
 
 
