@@ -17,12 +17,14 @@ pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 
 @pytest.fixture(scope="module")
 def small_corpus(wikitext_slice: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """300 lines of the WikiText slice to train on, the next 100 to validate on."""
+    """300 lines of the WikiText slice to train on (or its first 100), the next 100 to validate
+    on."""
     lines = wikitext_slice.read_text(encoding="utf-8").splitlines(keepends=True)
     folder = tmp_path_factory.mktemp("small-corpus")
     (folder / "train.tokens").write_text("".join(lines[:300]), encoding="utf-8")
+    (folder / "short.tokens").write_text("".join(lines[:100]), encoding="utf-8")
     (folder / "valid.tokens").write_text("".join(lines[300:400]), encoding="utf-8")
-    return {"train": folder / "train.tokens", "valid": folder / "valid.tokens"}
+    return {name: folder / f"{name}.tokens" for name in ("train", "short", "valid")}
 
 
 def tiny_run(model: str, tokenizer: Path, corpus: dict, out: Path, **options) -> dict:
@@ -287,3 +289,32 @@ def test_finetune_resume_refuses_a_changed_option(
     with pytest.raises(ConfigError, match="cannot resume") as error:
         run_finetuning(**options | change | {"resume": True})
     assert refused in str(error.value)
+
+
+# ---------------------------------------------------------------- item 1: --dupe-factor
+
+
+@pytest.mark.parametrize("objective", ["mlm", "rtd"])
+def test_dupe_factor_without_nsp_makes_that_many_masked_copies(
+    objective, small_corpus, tiny_tokenizer_dir, tmp_path
+):
+    """One epoch of --dupe-factor 3 is three times the steps of one epoch of the examples."""
+    steps = {}
+    for dupe in (1, 3):
+        options = tiny_run("bert", tiny_tokenizer_dir, small_corpus, tmp_path / f"dupe-{dupe}")
+        options |= {"max_steps": None, "epochs": 1, "batch_size": 32, "nsp": False}
+        options |= {"train_files": [str(small_corpus["short"])]}
+        options |= {"objective": objective, "dupe_factor": dupe}
+        steps[dupe] = run_pretraining(**options).step
+    assert steps[1] >= 3 and steps[3] in range(3 * steps[1] - 2, 3 * steps[1] + 1), steps
+
+
+@pytest.mark.parametrize("family", ["gpt", "elmo"])
+def test_dupe_factor_is_refused_where_it_does_not_apply(
+    family, small_corpus, tiny_tokenizer_dir, tmp_path
+):
+    out = tmp_path / "run"
+    options = tiny_run(family, tiny_tokenizer_dir, small_corpus, out, dupe_factor=2)
+    with pytest.raises(ConfigError, match="--dupe-factor 2: .*bert") as error:
+        run_pretraining(**options)
+    assert "\n" not in str(error.value) and not out.exists()

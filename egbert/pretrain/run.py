@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import set_seed
-from datasets import Dataset, IterableDataset
+from datasets import Dataset, IterableDataset, concatenate_datasets
 from transformers import PreTrainedModel
 
 from egbert.checkpoints import load_pretrained, read_model_config
@@ -283,6 +283,8 @@ def build_examples(
         )
     else:
         examples = data.build_mlm_examples(tokenized, args.seq_len, **ids)
+        if args.dupe_factor > 1:  # copies of the blocks, each masked differently below
+            examples = concatenate_datasets([examples] * args.dupe_factor)
     if args.dupe_factor > 1:  # static masks, one set per duplicate, as BERT's original data
         examples = data.add_static_masks(
             examples,
