@@ -58,7 +58,10 @@ class TrainingArguments:
     )
     epochs: int | None = field(
         default=None,
-        metadata={"help": "passes over the data (default 1; unlimited with --budget-minutes)"},
+        metadata={
+            "help": "passes over the data (default 1; with --budget-minutes unlimited unless "
+            "given, else the run ends at whichever end comes first)"
+        },
     )
     schedule: str = field(
         default="linear",
@@ -94,7 +97,11 @@ class TrainingArguments:
     seed: int = field(default=42, metadata={"help": "random seed"})
     budget_minutes: float | None = field(
         default=None,
-        metadata={"help": "stop after M minutes of training; the schedule runs over the budget"},
+        metadata={
+            "help": "stop after M minutes of training; the schedule runs over the budget, or with "
+            "--epochs/--max-steps over whichever ends first (progress: the larger of elapsed / "
+            "budget and step / total steps)"
+        },
     )
     skip_nonfinite: int = field(
         default=0, metadata={"help": "skip up to N steps with a non-finite loss, then stop"}

@@ -318,3 +318,51 @@ def test_dupe_factor_is_refused_where_it_does_not_apply(
     with pytest.raises(ConfigError, match="--dupe-factor 2: .*bert") as error:
         run_pretraining(**options)
     assert "\n" not in str(error.value) and not out.exists()
+
+
+# ---------------------------------------------------------------- items 4, 5: budget and epochs
+
+
+def last_lr(checkpoint: Path) -> float:
+    """The learning rate the scheduler saved in a checkpoint sets for the next update."""
+    import torch
+
+    state = torch.load(checkpoint / "scheduler.bin", weights_only=True)
+    return state["_last_lr"][0]
+
+
+def test_a_budget_run_that_ends_with_its_epochs_ends_its_schedule(
+    small_corpus, tiny_tokenizer_dir, tmp_path
+):
+    """--budget-minutes 10 with --epochs 1: the epoch ends first, and so does the schedule."""
+    out = tmp_path / "run"
+    options = tiny_run("gpt", tiny_tokenizer_dir, small_corpus, out, max_steps=None, epochs=1)
+    options |= {"train_files": [str(small_corpus["short"])], "budget_minutes": 10}
+    result = run_pretraining(**options | {"batch_size": 32}, log_every=1, lr=1e-3)
+    assert result.step >= 4 and result.elapsed_seconds < 600
+    lrs = [record["lr"] for record in records(out, "train")]
+    assert lrs[0] > 0.5e-3 and lrs[-1] <= 1e-3 / result.step + 1e-9, lrs
+    assert last_lr(out / "checkpoints" / f"step-{result.step}") == 0.0
+
+
+def test_a_budgeted_finetune_ends_at_the_end_of_its_schedule(tiny_bert_dir, micro_data, tmp_path):
+    out = tmp_path / "rte"
+    options = rte_run(tiny_bert_dir, micro_data, out, epochs=2, budget_minutes=10, log_every=1)
+    result = run_finetuning(**options, warmup_steps=0, predict=False).results[0]
+    assert result["epochs"] == 2 and [entry["epoch"] for entry in result["history"]] == [1, 2]
+    assert last_lr(out / "checkpoints" / "step-12") == 0.0
+
+
+def test_a_budget_run_keeps_its_elapsed_time_on_resume(small_corpus, tiny_tokenizer_dir, tmp_path):
+    """The schedule of a budget run follows its training time: a resume goes on from the
+    checkpoint's elapsed time, not from zero."""
+    out = tmp_path / "run"
+    options = tiny_run("gpt", tiny_tokenizer_dir, small_corpus, out, budget_minutes=10)
+    first = run_pretraining(**options, log_every=1)
+    resumed = run_pretraining(**options | {"max_steps": 8, "resume": True, "log_every": 1})
+    elapsed = [record["elapsed_s"] for record in records(out, "train")]
+    assert len(elapsed) == 8 and elapsed == sorted(elapsed)
+    assert elapsed[4] > first.elapsed_seconds - 1e-3
+    assert resumed.elapsed_seconds > first.elapsed_seconds
+    state = json.loads((out / "checkpoints/step-8/trainer_state.json").read_text())
+    assert state["elapsed_seconds"] == pytest.approx(resumed.elapsed_seconds)
