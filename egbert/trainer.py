@@ -655,7 +655,8 @@ class Trainer:
         model = self.accelerator.unwrap_model(self.model)
         with own_storage(model):
             best = self.output_dir / "best" / "model.safetensors"
-            load_model(model, best, device=str(self.accelerator.device))
+            device = self.accelerator.device  # safetensors takes "cpu", not the "cpu:0" of DDP
+            load_model(model, best, device="cpu" if device.type == "cpu" else str(device))
         self.log.message(
             f"egbert: using the best model (step {self.state.best_step}, "
             f"{self.args.metric_for_best_model} {self.state.best_metric:.4g})"

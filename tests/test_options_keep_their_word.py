@@ -89,25 +89,6 @@ def test_every_checkpoint_and_the_best_model_hold_the_tokenizer(
 
 # ---------------------------------------------------------------- item 6: finetune's intervals
 
-TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
-TINY_BERT |= {"intermediate_size": 64, "max_position_embeddings": 64}
-
-
-@pytest.fixture(scope="module")
-def tiny_bert_dir(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A randomly initialised egbert BERT saved with the shared tiny tokenizer."""
-    import torch
-
-    from egbert.models.bert import EgbertBertConfig, EgbertBertModel
-    from egbert.tokenizer import load_tokenizer
-
-    out = tmp_path_factory.mktemp("tiny-bert")
-    tokenizer = load_tokenizer(tiny_tokenizer_dir)
-    torch.manual_seed(0)
-    EgbertBertModel(EgbertBertConfig(vocab_size=len(tokenizer), **TINY_BERT)).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
 
 def rte_run(model: Path, micro_data: Path, out: Path, **options) -> dict:
     """RTE's 24 training rows in batches of 4: 6 batches an epoch."""
@@ -124,27 +105,33 @@ def rte_run(model: Path, micro_data: Path, out: Path, **options) -> dict:
     }
 
 
-def test_finetune_keeps_the_users_eval_and_save_intervals(tiny_bert_dir, micro_data, tmp_path):
+def test_finetune_keeps_the_users_eval_and_save_intervals(
+    tiny_egbert_bert_dir, micro_data, tmp_path
+):
     out = tmp_path / "rte"
-    options = rte_run(tiny_bert_dir, micro_data, out, epochs=1, eval_every=2, save_every=4)
+    options = rte_run(tiny_egbert_bert_dir, micro_data, out, epochs=1, eval_every=2, save_every=4)
     run_finetuning(**options, keep_checkpoints=3)
     assert [record["step"] for record in records(out, "eval")] == [2, 4, 6]
     # every 4 steps and at the end, not at the epoch's end only
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-4", "step-6"]
 
 
-def test_finetune_evaluates_at_each_epoch_end_by_default(tiny_bert_dir, micro_data, tmp_path):
+def test_finetune_evaluates_at_each_epoch_end_by_default(
+    tiny_egbert_bert_dir, micro_data, tmp_path
+):
     out = tmp_path / "rte"
-    result = run_finetuning(**rte_run(tiny_bert_dir, micro_data, out, epochs=2)).results[0]
+    result = run_finetuning(**rte_run(tiny_egbert_bert_dir, micro_data, out, epochs=2)).results[0]
     assert [record["step"] for record in records(out, "eval")] == [6, 12]
     assert [entry["epoch"] for entry in result["history"]] == [1, 2]
 
 
-def test_finetune_with_a_batch_ramp_evaluates_where_epochs_end(tiny_bert_dir, micro_data, tmp_path):
+def test_finetune_with_a_batch_ramp_evaluates_where_epochs_end(
+    tiny_egbert_bert_dir, micro_data, tmp_path
+):
     """The ramp from 1 to 2 batches a step over 8 steps: the first epoch's 6 batches end after
     step 5 (1+1+1+1+2), the second's at step 8 (2+2+2); evaluations and best_epoch follow."""
     out = tmp_path / "rte"
-    options = rte_run(tiny_bert_dir, micro_data, out, batch_ramp_to=8, max_steps=8)
+    options = rte_run(tiny_egbert_bert_dir, micro_data, out, batch_ramp_to=8, max_steps=8)
     result = run_finetuning(**options).results[0]
     assert [record["step"] for record in records(out, "eval")] == [5, 8]
     assert [entry["epoch"] for entry in result["history"]] == [1, 2]
@@ -281,10 +268,10 @@ def test_pretrain_resume_takes_new_intervals_and_a_longer_run(
     ],
 )
 def test_finetune_resume_refuses_a_changed_option(
-    change, refused, tiny_bert_dir, micro_data, tmp_path
+    change, refused, tiny_egbert_bert_dir, micro_data, tmp_path
 ):
     out = tmp_path / "rte"
-    options = rte_run(tiny_bert_dir, micro_data, out, max_steps=2, predict=False)
+    options = rte_run(tiny_egbert_bert_dir, micro_data, out, max_steps=2, predict=False)
     run_finetuning(**options)
     with pytest.raises(ConfigError, match="cannot resume") as error:
         run_finetuning(**options | change | {"resume": True})
@@ -345,9 +332,13 @@ def test_a_budget_run_that_ends_with_its_epochs_ends_its_schedule(
     assert last_lr(out / "checkpoints" / f"step-{result.step}") == 0.0
 
 
-def test_a_budgeted_finetune_ends_at_the_end_of_its_schedule(tiny_bert_dir, micro_data, tmp_path):
+def test_a_budgeted_finetune_ends_at_the_end_of_its_schedule(
+    tiny_egbert_bert_dir, micro_data, tmp_path
+):
     out = tmp_path / "rte"
-    options = rte_run(tiny_bert_dir, micro_data, out, epochs=2, budget_minutes=10, log_every=1)
+    options = rte_run(
+        tiny_egbert_bert_dir, micro_data, out, epochs=2, budget_minutes=10, log_every=1
+    )
     result = run_finetuning(**options, warmup_steps=0, predict=False).results[0]
     assert result["epochs"] == 2 and [entry["epoch"] for entry in result["history"]] == [1, 2]
     assert last_lr(out / "checkpoints" / "step-12") == 0.0

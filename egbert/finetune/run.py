@@ -36,6 +36,7 @@ from typing import Any
 
 import datasets
 import numpy as np
+from accelerate import PartialState
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     output = finetune(
         *parse_args(types, argv, "egbert finetune", description, FINETUNE_DEFAULTS, EPILOG)
     )
-    print(output.table)
+    PartialState().print(output.table)  # once, under torchrun too
 
 
 def run_finetuning(**options: Any) -> FinetuneOutput:
@@ -147,14 +148,13 @@ def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOu
     output = FinetuneOutput()
     for task in tasks:
         task_dir = output_dir / task.name if len(tasks) > 1 else output_dir
-        print(f"egbert finetune: {task.name} -> {task_dir}", flush=True)
         result = run_task(task, args, training, task_dir, output_dir / "predictions")
         if result is None:
             output.interrupted = True
             return output
         output.results.append(result)
     output.table = results_table(output.results)
-    if len(tasks) > 1:
+    if len(tasks) > 1 and PartialState().is_main_process:
         summary = {"tasks": {r["task"]: r for r in output.results}, "table": output.table}
         scored = {r["task"]: r["score"] for r in output.results if r["task"] in SCORED_TASKS}
         if scored:
@@ -440,6 +440,7 @@ def run_task(
         card=model_card_info(task, args),
         epoch_ends=True,  # evaluate on dev and checkpoint after every epoch, unless asked
     )
+    trainer.accelerator.print(f"egbert finetune: {task.name} -> {output_dir}", flush=True)
     outcome = trainer.train()
     if outcome.interrupted:  # a signal: the trainer saved a checkpoint and said so
         return None
@@ -448,7 +449,8 @@ def run_task(
     predictions = {}
     if args.predict:  # the trainer holds the best epoch's model
         predictions = predict_test_sets(task, splits, trainer, tokenizer, max_length, args)
-        predictions = write_test_predictions(predictions, predictions_dir)
+        if trainer.accelerator.is_main_process:
+            predictions = write_test_predictions(predictions, predictions_dir)
     results = {
         "task": task.name,
         "model": str(args.model),
@@ -470,7 +472,8 @@ def run_task(
         "predictions": predictions,
         "options": {**head_options(args), **training_options(args, training)},
     }
-    (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if trainer.accelerator.is_main_process:
+        (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
