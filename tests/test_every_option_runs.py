@@ -106,10 +106,8 @@ def test_finetune_runs_with_every_option(bert_run, micro_data, tmp_path):
     header = rows[0].split("\t")
     lines = [dict(zip(header, row.split("\t"), strict=False)) for row in rows[1:]]
     table = tmp_path / "scores.jsonl"
-    table.write_text(
-        "".join(json.dumps({"a": r["sentence1"], "b": r["sentence2"], "s": float(r["score"])}) + "\n" for r in lines),
-        encoding="utf-8",
-    )  # fmt: skip
+    scored = [{"a": r["sentence1"], "b": r["sentence2"], "s": float(r["score"])} for r in lines]
+    table.write_text("".join(json.dumps(row) + "\n" for row in scored), encoding="utf-8")
     result = run_finetuning(
         train_file=str(table), validation_file=str(table), test_file=str(table),
         text_columns=["a", "b"], label_column="s", regression=True,
@@ -123,8 +121,8 @@ def test_probe_and_prompt_eval_run_with_every_option(bert_run, gpt_run, micro_da
     glue = str(micro_data / "glue")
     common = ["--data-dir", glue, "--task", "rte", "--batch-size", "8", "--seed", "3"]
     common += ["--device", "cpu", "--no-bf16", "--allow-pickle"]
-    cli_main(["probe", "--model", str(bert_run), *common, "--features", "last4-concat",
-              "--pool", "cls", "--max-train-samples", "20", "--output-dir", str(tmp_path / "p")])  # fmt: skip
+    cli_main(["probe", "--model", str(bert_run), *common, "--features", "last4-concat", "--pool",
+              "cls", "--max-train-samples", "20", "--output-dir", str(tmp_path / "p")])  # fmt: skip
     assert (tmp_path / "p").is_dir() and any((tmp_path / "p").iterdir())
     cli_main(["prompt-eval", "--model", str(gpt_run), *common, "--shots", "0", "1", "--calibrate",
               "--max-eval-samples", "6", "--output-dir", str(tmp_path / "q")])  # fmt: skip
