@@ -39,8 +39,14 @@ def records(out: Path, split: str) -> list[dict]:
 def bert_run(corpus, tiny_tokenizer_dir, tmp_path_factory) -> Path:
     """bert with most of pretrain's and the trainer's options set away from their defaults."""
     out = tmp_path_factory.mktemp("bert-run")
+    preset = out.parent / f"{out.name}-preset.yaml"  # a preset file: the tiny one, smaller
+    preset.write_text(
+        "hidden_size: 64\nnum_hidden_layers: 2\nnum_attention_heads: 2\nintermediate_size: 128\n"
+        "max_position_embeddings: 64\n",
+        encoding="utf-8",
+    )
     result = run_pretraining(
-        model="bert", preset="tiny", tokenizer=str(tiny_tokenizer_dir),
+        model="bert", preset=str(preset), tokenizer=str(tiny_tokenizer_dir),
         train_files=[str(corpus["train"])], validation_files=[str(corpus["valid"])],
         max_eval_samples=16, doc_boundary="wikitext", encoding="latin-1",
         encoding_errors="replace", seq_len=32, nsp=False, mlm_probability=0.2,
@@ -98,8 +104,13 @@ def test_finetune_runs_with_every_option(bert_run, micro_data, tmp_path):
         task="rte", data_dir=str(glue), max_train_samples=16, features="last4-concat",
         pool="mean", layer_norm=True, freeze=True, config_overrides="hidden_dropout_prob=0",
         allow_pickle=True, predict=False, base_model_id="someone/bert-tiny", license="mit",
-        output_dir=str(tmp_path / "rte"), epochs=1, **common,
+        output_dir=str(tmp_path / "rte"), max_steps=3, log_every=1, eval_every=3,
+        adam_beta1=0.85, adam_beta2=0.99, adam_epsilon=1e-6, weight_decay=0.0, grad_accum=2,
+        label_smoothing=0.1, max_grad_norm=0.5, num_workers=1, schedule="cosine",
+        skip_nonfinite=1, use_cpu=True, ddp_find_unused_parameters=True, resume_anyway=True,
+        **common,
     )  # fmt: skip
+    assert [record["step"] for record in records(tmp_path / "rte", "eval")] == [3]
     card = (tmp_path / "rte" / "model" / "README.md").read_text(encoding="utf-8")
     assert "someone/bert-tiny" in card
     rows = (glue / "STS-B" / "train.tsv").read_text(encoding="utf-8").splitlines()
