@@ -355,10 +355,12 @@ class Checkpointer:
         step: int,
         state: dict[str, Any],
         write_own_files: Callable[[Path], None] | None = None,
+        write_extras: Callable[[Path], None] | None = None,
     ) -> Path:
-        """Write `step-{step}` with the trainer's `state` as JSON, and what each process's
-        `write_own_files(folder)` adds; a failed write leaves the previous checkpoints intact
-        and raises a one-line CheckpointError."""
+        """Write `step-{step}` with the trainer's `state` as JSON, what each process's
+        `write_own_files(folder)` adds and what the main process's `write_extras(folder)` adds
+        (e.g. the tokenizer); a failed write leaves the previous checkpoints intact and raises a
+        one-line CheckpointError."""
         accelerator = self.accelerator
         final = self.folder / f"step-{step}"
         if final.is_dir():  # this very state is saved already (e.g. stopped right after resume)
@@ -377,7 +379,9 @@ class Checkpointer:
         ok = self._on_all_processes(write)
         if ok:  # every process has written its part: the main one publishes the whole
             main = accelerator.is_main_process
-            ok = self._on_all_processes(lambda: main and self._publish(temp, final, state))
+            ok = self._on_all_processes(
+                lambda: main and self._publish(temp, final, state, write_extras)
+            )
         if not ok:
             if accelerator.is_main_process:
                 shutil.rmtree(temp, ignore_errors=True)
@@ -406,7 +410,9 @@ class Checkpointer:
         flag = torch.tensor([failed], device=self.accelerator.device)
         return not self.accelerator.reduce(flag, reduction="sum").item() > 0
 
-    def _publish(self, temp: Path, final: Path, state: dict[str, Any]) -> None:
+    def _publish(self, temp: Path, final: Path, state: dict[str, Any], write_extras: Any) -> None:
+        if write_extras is not None:
+            write_extras(temp)
         with (temp / STATE_FILE).open("w", encoding="utf-8") as handle:
             json.dump(state, handle, indent=2)
         fsync_tree(temp)
@@ -432,9 +438,11 @@ class Checkpointer:
         differences = config_differences(state.get("run_config", {}), run_config)
         if differences and not anyway:
             raise ConfigError(
-                f"cannot resume from {checkpoint}: the run config changed ("
+                f"cannot resume from {checkpoint}: the run changed ("
                 + "; ".join(differences)
-                + "); use the original options or pass --resume-anyway"
+                + "); use the original options (a resume may change only the logging, "
+                "evaluation and saving intervals, --report-to and the like, or run longer) or "
+                "pass --resume-anyway"
             )
         try:
             with own_storage(model):
@@ -455,14 +463,57 @@ def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+# The options a resumed run may change: they decide what is logged, evaluated when, saved,
+# tracked or written beside the model, not what is trained. Every other option of the run
+# config's "options" (all of the job's dataclass fields) must stay as the checkpoint has it.
+MAY_CHANGE_ON_RESUME = frozenset(
+    {
+        "output_dir",
+        "resume",
+        "resume_anyway",
+        "log_every",
+        "eval_every",
+        "save_every",
+        "keep_checkpoints",
+        "report_to",
+        "num_workers",
+        "skip_nonfinite",
+        "num_proc",  # tokenization processes: the same examples
+        "card_datasets",
+        "license",
+        "base_model_id",
+        "predict",
+        "test_file",
+    }
+)
+# A run may go on longer than the checkpoint's run was to (not shorter: it may be past that
+# end); the schedule then runs over the new length.
+LONGER_ON_RESUME = ("max_steps", "epochs", "budget_minutes")
+OPTIONS = "options"
+
+
+def _option_may_change(name: str, old: Any, new: Any) -> bool:
+    if name in MAY_CHANGE_ON_RESUME:
+        return True
+    return name in LONGER_ON_RESUME and old is not None and new is not None and new >= old
+
+
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`field: old -> new` for every field that differs between two run configs."""
+    """What forbids resuming a run saved with run config `saved` under `current`: each changed
+    option outside MAY_CHANGE_ON_RESUME as `--name old -> new`, each other changed field (the
+    model, tokenizer and data identities) as `field: old -> new`."""
     saved, current = _flatten(saved), _flatten(current)
-    return [
-        f"{key}: {saved.get(key, '(unset)')} -> {current.get(key, '(unset)')}"
-        for key in sorted(saved.keys() | current.keys())
-        if saved.get(key) != current.get(key)
-    ]
+    refused = []
+    for key in sorted(saved.keys() | current.keys()):
+        old, new = saved.get(key, "(unset)"), current.get(key, "(unset)")
+        if old == new:
+            continue
+        section, _, name = key.partition(".")
+        if section != OPTIONS:
+            refused.append(f"{key}: {old} -> {new}")
+        elif not _option_may_change(name, old, new):
+            refused.append(f"--{name.replace('_', '-')} {old} -> {new}")
+    return refused
 
 
 def config_hash(config: dict[str, Any]) -> str:

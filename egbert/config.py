@@ -58,7 +58,10 @@ class TrainingArguments:
     )
     epochs: int | None = field(
         default=None,
-        metadata={"help": "passes over the data (default 1; unlimited with --budget-minutes)"},
+        metadata={
+            "help": "passes over the data (default 1; with --budget-minutes unlimited unless "
+            "given, else the run ends at whichever end comes first)"
+        },
     )
     schedule: str = field(
         default="linear",
@@ -94,7 +97,11 @@ class TrainingArguments:
     seed: int = field(default=42, metadata={"help": "random seed"})
     budget_minutes: float | None = field(
         default=None,
-        metadata={"help": "stop after M minutes of training; the schedule runs over the budget"},
+        metadata={
+            "help": "stop after M minutes of training; the schedule runs over the budget, or with "
+            "--epochs/--max-steps over whichever ends first (progress: the larger of elapsed / "
+            "budget and step / total steps)"
+        },
     )
     skip_nonfinite: int = field(
         default=0, metadata={"help": "skip up to N steps with a non-finite loss, then stop"}
@@ -300,7 +307,11 @@ class PretrainArguments:
     whole_word_mask: bool = field(default=False, metadata={"help": "bert: mask whole words"})
     dupe_factor: int = field(
         default=1,
-        metadata={"help": "bert: > 1 makes that many static-masked copies (default: dynamic)"},
+        metadata={
+            "help": "bert: N > 1 makes N copies of the examples (with NSP: N different pairings), "
+            "each masked once, differently, as BERT's original data (default 1: dynamic masks, "
+            "new each epoch); gpt and elmo refuse it"
+        },
     )
     short_seq_prob: float = field(
         default=0.1, metadata={"help": "bert: share of shorter-than-seq-len pairs"}
@@ -349,6 +360,11 @@ class PretrainArguments:
             raise ConfigError(f"--max-eval-samples must be >= 1, got {self.max_eval_samples}")
         if self.dupe_factor < 1:
             raise ConfigError(f"--dupe-factor must be >= 1, got {self.dupe_factor}")
+        if self.dupe_factor > 1 and self.model != "bert":
+            raise ConfigError(
+                f"--dupe-factor {self.dupe_factor}: static-masked copies are for bert's masked "
+                f"LM; {self.model} reads each block once an epoch, so drop the option"
+            )
         if not 0 <= self.short_seq_prob <= 1:
             raise ConfigError(f"--short-seq-prob must be in [0, 1], got {self.short_seq_prob}")
         self._check_data_options()

@@ -13,9 +13,13 @@ d_model**-0.5 * warmup**-0.5 at n = warmup, e.g. 7.0e-4 for d_model 512 and warm
 
 Budget mode (`budget_minutes`): training stops once that much training wall time (evaluation and
 checkpoint writing excluded) has passed, and the schedule runs over time instead of steps: its
-progress is elapsed / budget, so linear and cosine reach 0 exactly at the deadline. A fractional
-warmup is a share of the budget; an integer warmup ramps over that many steps and multiplies the
-time-based decay. inverse_sqrt stays step-based and simply stops at the deadline.
+progress is elapsed / budget, so linear and cosine reach 0 exactly at the deadline. With
+`epochs` or `max_steps` as well, the run stops at whichever end comes first, and the schedule
+follows it: its progress is max(step / total steps, elapsed / budget). Both parts come from the
+checkpoint on resume (the elapsed time is saved with it), so a resumed run continues the same
+schedule, though the clock of its remaining steps is the new machine's. A fractional warmup is a
+share of the budget; an integer warmup ramps over that many steps and multiplies the time-based
+decay. inverse_sqrt stays step-based and simply stops at the deadline.
 
 Batch ramp (`batch_ramp_to`): the batch grows linearly over the run from `batch_size` to
 `batch_ramp_to` examples a step, by accumulating more batches per step.
@@ -111,23 +115,34 @@ def lr_multiplier(
     if args.budget_minutes is None:
         return schedule_multiplier(args.schedule, step, total, warmup)
     budget = args.budget_minutes * 60
+    position = budget * run_progress(args, step, elapsed_seconds, total)  # in seconds
     if args.warmup_is_ratio:
-        return schedule_multiplier(args.schedule, elapsed_seconds, budget, warmup)
+        return schedule_multiplier(args.schedule, position, budget, warmup)
     ramp = min(1.0, step / warmup) if warmup else 1.0
-    return ramp * schedule_multiplier(args.schedule, elapsed_seconds, budget, 0.0)
+    return ramp * schedule_multiplier(args.schedule, position, budget, 0.0)
+
+
+def run_progress(
+    args: TrainingArguments, step: int, elapsed_seconds: float, total: int | None
+) -> float:
+    """The share of the run done: of the budget, of the steps, or with both the larger share
+    (the run stops at whichever end comes first, and the schedule and ramp follow it)."""
+    shares = []
+    if args.budget_minutes is not None:
+        shares.append(elapsed_seconds / (args.budget_minutes * 60))
+    if total is not None:
+        shares.append(step / total)
+    return max(shares)
 
 
 def batches_per_step(
     args: TrainingArguments, step: int, elapsed_seconds: float, total: int | None
 ) -> int:
     """--grad-accum, or with --batch-ramp-to the ramp's count at this point of the run:
-    1 at the start, growing linearly with the share of the budget (or of --max-steps) done."""
+    1 at the start, growing linearly with the share of the run done (`run_progress`)."""
     if args.batch_ramp_to is None:
         return args.grad_accum
-    if args.budget_minutes is not None:
-        done = elapsed_seconds / (args.budget_minutes * 60)
-    else:  # --max-steps, which the schedule also runs over
-        done = step / total
+    done = run_progress(args, step, elapsed_seconds, total)
     final = args.batch_ramp_to // args.batch_size
     return 1 + math.floor((final - 1) * min(done, 1.0) + 0.5)
 

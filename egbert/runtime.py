@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.tracking import get_available_trackers
 from accelerate.utils import (
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -135,9 +136,28 @@ def keep_freed_memory_in_process(device: torch.device | str) -> None:
     mallopt(M_TRIM_THRESHOLD, 2**30)
 
 
+# The package each tracker of --report-to needs (Accelerate's trackers, by name).
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+TRACKER_PACKAGES |= {"trackio": "trackio"}
+
+
+def check_trackers_installed(report_to: list[str]) -> None:
+    """Refuse a tracker whose package is missing: Accelerate would drop it with a warning and
+    the run would go untracked, which its user learns only after it."""
+    available = {str(tracker) for tracker in get_available_trackers()}
+    for name in report_to:
+        if name != "none" and name not in available:
+            package = TRACKER_PACKAGES.get(name, name)
+            raise ConfigError(
+                f"--report-to {name}: the {package} package is not installed; "
+                f"pip install {package}, or leave {name} out of --report-to"
+            )
+
+
 def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:
     """The run's Accelerator: the device (the CPU when none is there or --use-cpu), the precision
     (--bf16, else the launch config's), the seedable sampler and the trackers of --report-to."""
+    check_trackers_installed(args.report_to)
     trackers = [name for name in args.report_to if name != "none"]
     accelerator = Accelerator(
         # On a machine without GPUs, cpu=True is what makes Accelerate run data-parallel under

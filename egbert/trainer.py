@@ -60,6 +60,7 @@ from transformers import EvalPrediction
 
 from egbert import optimization, report
 from egbert.checkpoints import (
+    OPTIONS,
     RUN_MODEL_DIR,
     Checkpointer,
     TrainerState,
@@ -259,9 +260,14 @@ class Trainer:
     eval_dataset: one evaluation set, or {name: set} (each one's metrics prefixed `name_`),
         evaluated every `eval_every` steps and at the end with `eval_collator` (default: the
         data collator); batch_metrics, compute_metrics, finalize_metrics: see the module doc.
-    run_config: what defines the run beyond the trainer's options (model size, tokenizer, data,
-        seq len); saved with each checkpoint and compared on resume.
-    tokenizer: saved with the final model. card: what the model card's Hub metadata says.
+    run_config: what defines the run: {"options": the job's options (its dataclass fields),
+        ...: what else identifies the model, tokenizer and data}; the trainer adds its own
+        options; saved with each checkpoint and compared on resume (a few options may change:
+        egbert.checkpoints.MAY_CHANGE_ON_RESUME).
+    tokenizer: saved with the final model, the best one and every checkpoint.
+    card: what the model card's Hub metadata says.
+    epoch_ends: also evaluate (when `eval_every` is 0) and checkpoint (when `save_every` is 0)
+        where each epoch ends, however many steps it took (fine-tuning's epochs).
     """
 
     def __init__(
@@ -278,6 +284,7 @@ class Trainer:
         run_config: dict[str, Any] | None = None,
         tokenizer: Any = None,
         card: report.ModelCardInfo | None = None,
+        epoch_ends: bool = False,
     ) -> None:
         self.args = args
         self.output_dir = Path(args.output_dir)
@@ -286,21 +293,20 @@ class Trainer:
         self.batch_metrics, self.compute_metrics = batch_metrics, compute_metrics
         self.finalize_metrics = finalize_metrics
         self.tokenizer, self.card = tokenizer, card
+        self.epoch_ends = epoch_ends
         self.accelerator = make_accelerator(args, self.output_dir)
         self.log = report.RunLog(self.accelerator, self.output_dir)
         self.checkpoints = Checkpointer(
             self.accelerator, self.output_dir / "checkpoints", args.keep_checkpoints
         )
         keep_freed_memory_in_process(self.accelerator.device)
+        run_config = run_config or {}
         self.run_config = {
-            **(run_config or {}),
-            # The data each process sees depends on these, so a resume must keep them.
-            "trainer": {
-                "batch_size": args.batch_size,
-                "grad_accum": args.grad_accum,
-                "seed": args.seed,
-                "num_processes": self.accelerator.num_processes,
-            },
+            **run_config,
+            # every option, the job's and the trainer's (a resume may change only a few)
+            OPTIONS: {**run_config.get(OPTIONS, {}), **asdict(args)},
+            # the data each process sees depends on it
+            "num_processes": self.accelerator.num_processes,
         }
         self.state = TrainerState(
             run_config=self.run_config, config_hash=config_hash(self.run_config)
@@ -505,7 +511,18 @@ class Trainer:
             raise DataError("the training data gives no batches; check the training files")
         self.state.epoch += 1
         self.state.batches_in_epoch = 0
+        self._at_epoch_end()
         return True
+
+    def _at_epoch_end(self) -> None:
+        if not self.epoch_ends:
+            return
+        paused_at = time.perf_counter()
+        if not self.args.eval_every and self.eval_sets:
+            self._evaluate_and_track()
+        if not self.args.save_every:
+            self.save_checkpoint()
+        self._clock += time.perf_counter() - paused_at
 
     def _optimizer_step(self, group: list[dict[str, Any]]) -> bool:
         """Forward and backward over `group` (accumulated), then one update unless the loss is
@@ -680,11 +697,22 @@ class Trainer:
     def _evaluate_and_track(self) -> dict[str, float]:
         metrics = self.evaluate()
         self._last_eval, self._last_eval_step = metrics, self.state.step
-        self.log.record("eval", {"step": self.state.step, **metrics})
+        self.log.record("eval", {"step": self.state.step, "epoch": self._epochs_done(), **metrics})
         summary = ", ".join(f"{name} {value:.4g}" for name, value in metrics.items())
         self.log.message(f"eval at step {self.state.step}: {summary}")
         self._track_best(metrics)
         return metrics
+
+    def _epochs_done(self) -> float:
+        """Epochs trained, the current one's share of batches included (the last step of a
+        run ends its epoch before the epoch count moves on)."""
+        state = self.state
+        try:
+            share = state.batches_in_epoch / len(self.train_loader)
+        except TypeError:  # streaming: no length
+            return state.epoch
+        done = round(state.epoch + share, 4)
+        return int(done) if done.is_integer() else done
 
     def _track_best(self, metrics: dict[str, float]) -> None:
         name = self.args.metric_for_best_model
@@ -704,7 +732,7 @@ class Trainer:
             return
         self.state.best_metric, self.state.best_step = value, self.state.step
         self.state.best_metrics = dict(metrics)
-        self._save_model(self.output_dir / "best")
+        self._save_model(self.output_dir / "best", self._write_tokenizer)
 
     def _final_metrics(self) -> dict[str, float]:
         if not self.eval_sets:
@@ -716,7 +744,8 @@ class Trainer:
         model = self.accelerator.unwrap_model(self.model)
         with own_storage(model):
             best = self.output_dir / "best" / "model.safetensors"
-            load_model(model, best, device=str(self.accelerator.device))
+            device = self.accelerator.device  # safetensors takes "cpu", not the "cpu:0" of DDP
+            load_model(model, best, device="cpu" if device.type == "cpu" else str(device))
         self.log.message(
             f"egbert: using the best model (step {self.state.best_step}, "
             f"{self.args.metric_for_best_model} {self.state.best_metric:.4g})"
@@ -728,7 +757,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """checkpoints/step-N, atomically (egbert.checkpoints.Checkpointer)."""
         return self.checkpoints.save(
-            self.state.step, asdict(self.state), self._save_stream_position
+            self.state.step, asdict(self.state), self._save_stream_position, self._write_tokenizer
         )
 
     def _stream_position_file(self, checkpoint: Path) -> Path:
@@ -760,8 +789,7 @@ class Trainer:
                 f"{self.output_dir} already holds checkpoints; pass --resume to continue that "
                 "run or choose a new --output-dir"
             )
-        options = {"training": asdict(self.args), **self.run_config}
-        self.accelerator.init_trackers("egbert", config=report.tracker_config(options))
+        self.accelerator.init_trackers("egbert", config=report.tracker_config(self.run_config))
         if latest is None:
             if self.args.resume:
                 self.log.message(f"egbert: no checkpoint in {self.checkpoints.folder}; starting")
@@ -787,11 +815,16 @@ class Trainer:
         with label_smoothing(self._unwrapped, self._model_label_smoothing):
             save_model_folder(self.accelerator, self.model, target, write_extras)
 
+    def _write_tokenizer(self, folder: Path) -> None:
+        """The tokenizer beside every saved model, checkpoints included: any of them loads
+        with AutoTokenizer as well as the final model."""
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(folder)
+
     def _save_final_model(self, metrics: dict[str, float]) -> Path:
         """`OUTPUT_DIR/model`: what a Hub repository holds (weights, config, generation config,
         tokenizer, model card); checkpoints and logs stay beside it."""
-        options = {"training": asdict(self.args)}
-        options |= {k: v for k, v in self.run_config.items() if k != "trainer"}
+        options = {k: v for k, v in self.run_config.items() if k != "num_processes"}
         card = report.model_card(
             self.card or report.ModelCardInfo(),
             self._unwrapped,
@@ -802,8 +835,7 @@ class Trainer:
         )
 
         def write_tokenizer_and_card(folder: Path) -> None:
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(folder)
+            self._write_tokenizer(folder)
             card.save(folder / "README.md")
 
         target = self.output_dir / RUN_MODEL_DIR

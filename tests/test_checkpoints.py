@@ -73,17 +73,34 @@ def test_the_flat_layout_is_what_loses_weights_and_untangling_keeps_them():
     assert state["lm_head.weight"].data_ptr() == state["elmo.embed_tokens.weight"].data_ptr()
 
 
-def test_loading_into_the_flat_layout_keeps_it():
-    model = tiny_elmo()
+def test_loading_into_the_flat_layout_keeps_it(monkeypatch):
+    # The flat layout is cuDNN's: on a CPU, LSTM.flatten_parameters (what puts it back) does
+    # nothing, so the test checks that it is called on every LSTM after loading, and on a GPU
+    # also that the weights are views into one buffer again.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = tiny_elmo().to(device)
     flatten_like_cudnn(model)
-    lstm = next(module for module in model.modules() if isinstance(module, nn.LSTM))
+    lstms = [module for module in model.modules() if isinstance(module, nn.LSTM)]
+    flattened = []
+    flatten = nn.LSTM.flatten_parameters
+
+    def counted(lstm: nn.LSTM) -> None:
+        flattened.append(lstm)
+        flatten(lstm)
+
+    monkeypatch.setattr(nn.LSTM, "flatten_parameters", counted)
     with own_storage(model):
-        shared = {param.untyped_storage().data_ptr() for param in lstm._flat_weights}
-        assert len(shared) == len(lstm._flat_weights)  # each its own storage to load into
-        for param in lstm._flat_weights:
-            param.data.fill_(0.5)
-    values = [param.detach().clone() for param in lstm._flat_weights]
-    assert all((value == 0.5).all() for value in values)
+        for lstm in lstms:
+            shared = {param.untyped_storage().data_ptr() for param in lstm._flat_weights}
+            assert len(shared) == len(lstm._flat_weights)  # each its own storage to load into
+            for param in lstm._flat_weights:
+                param.data.fill_(0.5)
+        assert flattened == []
+    assert {id(lstm) for lstm in flattened} == {id(lstm) for lstm in lstms}  # the layout back
+    for lstm in lstms:
+        assert all((param == 0.5).all() for param in lstm._flat_weights)  # what was loaded
+        if device == "cuda":
+            assert len({param.untyped_storage().data_ptr() for param in lstm._flat_weights}) == 1
 
 
 class BlockCollator:
@@ -131,7 +148,7 @@ def test_checkpoint_resume_best_and_final_model_keep_every_lstm_weight(tmp_path)
         torch.testing.assert_close(final.state_dict()[name], best[name], rtol=0, atol=0)
     # a resumed run starts from the checkpoint's LSTM weights, not from random ones
     AcceleratorState._reset_state(reset_partial_state=True)
-    resumed = flat_trainer(tmp_path, max_steps=8, resume=True)
+    resumed = flat_trainer(tmp_path, max_steps=8, resume=True, metric_for_best_model="loss")
     resumed._start_or_resume()
     model = resumed.accelerator.unwrap_model(resumed.model)
     for name in names:

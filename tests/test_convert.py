@@ -204,10 +204,20 @@ def test_cli_converts_a_checkpoint_and_back(minilm_dir: Path, tmp_path: Path) ->
 def test_egbert_pretraining_checkpoint_converts_to_stock(tmp_path: Path) -> None:
     torch.manual_seed(0)
     config = EgbertBertConfig(**TINY_BERT, hidden_dropout_prob=0.0)
-    EgbertBertForPreTraining(config).save_pretrained(tmp_path / "egbert")
+    egbert = EgbertBertForPreTraining(config).eval()
+    egbert.save_pretrained(tmp_path / "egbert")
     stock = convert_checkpoint(tmp_path / "egbert", tmp_path / "stock", to_transformers=True)
     assert isinstance(stock, BertForPreTraining)
-    assert isinstance(BertForPreTraining.from_pretrained(tmp_path / "stock"), BertForPreTraining)
+    loaded = BertForPreTraining.from_pretrained(tmp_path / "stock").eval()
+    # the same predictions: every weight mapped (MLM head and NSP head included), none random
+    input_ids, attention_mask = padded_batch(config.vocab_size)
+    with torch.no_grad():
+        expected = egbert(input_ids, attention_mask)
+        actual = loaded(input_ids, attention_mask)
+    assert_close_where_real(actual.prediction_logits, expected.prediction_logits, attention_mask)
+    torch.testing.assert_close(
+        actual.seq_relationship_logits, expected.seq_relationship_logits, atol=1e-5, rtol=0
+    )
 
 
 def test_replaced_token_detection_checkpoint_converts_its_encoder(tmp_path: Path) -> None:

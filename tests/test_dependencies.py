@@ -5,6 +5,7 @@ internals egbert builds on, is capped below its next major version."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from importlib.metadata import packages_distributions
 from pathlib import Path
@@ -13,15 +14,40 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+try:
+    import tomllib  # Python 3.11+
+except ModuleNotFoundError:  # Python 3.10, which requires-python admits: tomli, if there
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+def dependencies_read_line_by_line(text: str) -> list[str]:
+    """[project]'s `dependencies = [...]` as pyproject.toml writes it (one quoted requirement a
+    line, comments between), for a Python without a TOML parser."""
+    block = text.split("\ndependencies = [", 1)[1].split("\n]", 1)[0]
+    found = (re.match(r'\s*"([^"]+)",', line) for line in block.splitlines())
+    return [match.group(1) for match in found if match]
+
+
 def declared_requirements() -> dict[str, Requirement]:
-    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    requirements = map(Requirement, project["dependencies"])
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    if tomllib is None:
+        dependencies = dependencies_read_line_by_line(text)
+    else:
+        dependencies = tomllib.loads(text)["project"]["dependencies"]
+    requirements = map(Requirement, dependencies)
     return {canonicalize_name(requirement.name): requirement for requirement in requirements}
+
+
+@pytest.mark.skipif(tomllib is None, reason="no TOML parser to compare with")
+def test_the_reading_without_a_toml_parser_finds_what_a_parser_finds() -> None:
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    parsed = tomllib.loads(text)["project"]["dependencies"]
+    assert dependencies_read_line_by_line(text) == parsed and len(parsed) > 10
 
 
 def third_party_imports() -> dict[str, list[str]]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from egbert.models import kernels
+from egbert.models import kernels, layers
 from egbert.models.bert import EgbertBertConfig, EgbertBertForMaskedLM
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
@@ -57,7 +57,16 @@ def loss_and_gradients(model, ids, labels, **forward) -> tuple[torch.Tensor, dic
 
 # bf16 on a CPU goes through explicit_attention, float32 through SDPA: the two must agree
 @pytest.mark.parametrize("is_causal", [True, False])
-def test_bf16_attention_on_a_cpu_is_written_out_and_matches_sdpa(is_causal: bool) -> None:
+def test_bf16_attention_on_a_cpu_is_written_out_and_matches_sdpa(
+    is_causal: bool, monkeypatch
+) -> None:
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].dtype)
+        return kernels.explicit_attention(*args, **kwargs)
+
+    monkeypatch.setattr(layers, "explicit_attention", counted)
     torch.manual_seed(0)
     attention = SelfAttention(16, 2, is_causal=is_causal).train()
     hidden = torch.randn(2, 6, 16)
@@ -65,8 +74,10 @@ def test_bf16_attention_on_a_cpu_is_written_out_and_matches_sdpa(is_causal: bool
     padding[1, 4:] = 0
     mask = self_attention_mask(padding, 6, 0, is_causal, torch.device("cpu"))
     sdpa, _ = attention(hidden, mask)
+    assert calls == []  # float32 went through SDPA
     with torch.autocast("cpu", dtype=torch.bfloat16):
         written_out, _ = attention(hidden, mask)
+    assert calls == [torch.bfloat16]  # bf16 through the written-out attention
     torch.testing.assert_close(written_out.float(), sdpa, atol=3e-2, rtol=0)
     keys = torch.zeros(1, 1, 512, 8, dtype=torch.bfloat16)
     assert prefers_written_out_attention(keys, keys)

@@ -288,7 +288,7 @@ def test_sigkill_in_the_second_epoch_then_resume_equals_a_clean_run(
     assert train_losses(out) == pytest.approx(train_losses(clean), abs=1e-6)
 
     changed = [*argv[: argv.index("--seq-len") + 1], "48", *argv[argv.index("--seq-len") + 2 :]]
-    with pytest.raises(ConfigError, match=r"seq_len: 32 -> 48"):
+    with pytest.raises(ConfigError, match=r"--seq-len 32 -> 48"):
         main(changed)
 
 

@@ -423,7 +423,7 @@ def test_resume_with_a_changed_config_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"seq_len: 8 -> 16.*--resume-anyway"):
         make_trainer(tmp_path, max_steps=4, resume=True, run_config=changed).train()
     AcceleratorState._reset_state(reset_partial_state=True)
-    with pytest.raises(ConfigError, match="trainer.batch_size: 4 -> 2"):
+    with pytest.raises(ConfigError, match="--batch-size 4 -> 2"):
         make_trainer(tmp_path, max_steps=4, resume=True, batch_size=2).train()
     AcceleratorState._reset_state(reset_partial_state=True)
     result = make_trainer(
@@ -582,8 +582,7 @@ if __name__ == "__main__":
 
 # mallinfo2's hblkhd: the bytes malloc holds in mmap'd blocks (freed at once, pages lost)
 MALLOC_MAPPED_BYTES = """
-import ctypes, torch
-from egbert.runtime import keep_freed_memory_in_process
+import ctypes, json, runpy, sys, torch
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
@@ -594,7 +593,8 @@ def mapped_while_holding_64_mib():
     tensor = torch.empty(2**24)
     return mallinfo2().hblkhd
 before = mapped_while_holding_64_mib()
-keep_freed_memory_in_process("cpu")
+sys.argv = ["test_trainer.py", json.dumps({"out": OUT, "max_steps": 2, "use_cpu": True})]
+runpy.run_path(TEST_FILE, run_name="__main__")  # trains 2 steps with egbert's Trainer
 print(before, mapped_while_holding_64_mib())
 """
 
@@ -603,21 +603,24 @@ print(before, mapped_while_holding_64_mib())
     sys.platform != "linux" or platform.libc_ver() < ("glibc", "2.33"), reason="needs mallinfo2"
 )
 @pytest.mark.parametrize("user_setting", [None, "MALLOC_TRIM_THRESHOLD_"])
-def test_cpu_training_keeps_freed_memory_in_the_process(user_setting: str | None) -> None:
+def test_cpu_training_keeps_freed_memory_in_the_process(
+    user_setting: str | None, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
     # a fresh interpreter: the setting is process-wide, and the default is what it changes
-    env = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
+    env = {name: value for name, value in subprocess_env.items() if not name.startswith("MALLOC_")}
     if user_setting:
         env[user_setting] = str(2**20)
+    script = f"OUT = {str(tmp_path / 'run')!r}\nTEST_FILE = {__file__!r}\n{MALLOC_MAPPED_BYTES}"
     result = subprocess.run(
-        [sys.executable, "-c", MALLOC_MAPPED_BYTES],
+        [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         check=True,
         env=env,
     )
-    before, after = map(int, result.stdout.split())
+    before, after = map(int, result.stdout.splitlines()[-1].split())  # after the log
     assert before >= 2**26  # a 64 MiB tensor is mmap'd by default...
     if user_setting:
         assert after >= 2**26  # ...and still is where the user tuned malloc themselves
     else:
-        assert after < 2**26  # ...and comes from the heap once the trainer has set it
+        assert after < 2**26  # ...and comes from the heap once the trainer has trained

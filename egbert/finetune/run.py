@@ -19,7 +19,8 @@ and the trainer's logs and checkpoints beside them. `--task all` runs every task
 dev files are present, each in `OUTPUT_DIR/<task>/`, and prints one Markdown table with the
 GLUE average. Every option can also come from a YAML/JSON file given with --config.
 
-A checkpoint is written after every epoch (`--save-every N`: every N steps); after a kill,
+Dev is evaluated and a checkpoint written after every epoch (`--eval-every N`, `--save-every N`:
+every N steps instead); after a kill,
 SIGTERM or Ctrl-C the same command with `--resume` goes on from it, to the same result.
 """
 
@@ -35,6 +36,7 @@ from typing import Any
 
 import datasets
 import numpy as np
+from accelerate import PartialState
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -77,6 +79,7 @@ from egbert.finetune.tasks import (
 )
 from egbert.models.convert import convert_checkpoint
 from egbert.report import ModelCardInfo
+from egbert.runtime import check_trackers_installed
 from egbert.tokenizer import check_vocab_matches, load_tokenizer
 from egbert.trainer import Trainer
 
@@ -107,7 +110,8 @@ EPILOG = """examples:
 
 OUTPUT_DIR gets model/ (the best epoch's model, its tokenizer and card), eval_results.json,
 predictions/<TASK>.tsv (GLUE's submission format), metrics.jsonl, train.log and loss_curve.png.
-Epochs are evaluated on dev and checkpointed (--save-every N: every N steps instead)."""
+Each epoch's end is evaluated on dev and checkpointed, however many steps it took (with
+--batch-ramp-to too); --eval-every N and --save-every N: every N steps instead."""
 
 
 @dataclass
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     output = finetune(
         *parse_args(types, argv, "egbert finetune", description, FINETUNE_DEFAULTS, EPILOG)
     )
-    print(output.table)
+    PartialState().print(output.table)  # once, under torchrun too
 
 
 def run_finetuning(**options: Any) -> FinetuneOutput:
@@ -143,19 +147,19 @@ def run_finetuning(**options: Any) -> FinetuneOutput:
 def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOutput:
     """Fine-tune on each task asked for; returns the results and their table."""
     check_paths(args)
+    check_trackers_installed(training.report_to)  # before the data is tokenized
     tasks = resolve_tasks(args)
     output_dir = Path(training.output_dir)
     output = FinetuneOutput()
     for task in tasks:
         task_dir = output_dir / task.name if len(tasks) > 1 else output_dir
-        print(f"egbert finetune: {task.name} -> {task_dir}", flush=True)
         result = run_task(task, args, training, task_dir, output_dir / "predictions")
         if result is None:
             output.interrupted = True
             return output
         output.results.append(result)
     output.table = results_table(output.results)
-    if len(tasks) > 1:
+    if len(tasks) > 1 and PartialState().is_main_process:
         summary = {"tasks": {r["task"]: r for r in output.results}, "table": output.table}
         average = glue_average({r["task"]: r["score"] for r in output.results})
         if average:
@@ -436,13 +440,12 @@ def run_task(
         eval_dataset=dev_sets if len(dev_sets) > 1 else dev_sets[dev_names[0]],
         compute_metrics=dev_metrics,
         finalize_metrics=with_score,
-        run_config={"task": task.name, "model": str(args.model), "head": head_options(args)},
+        run_config={"options": asdict(args), "task": task.name},
         tokenizer=tokenizer,
         card=model_card_info(task, args),
+        epoch_ends=True,  # evaluate on dev and checkpoint after every epoch, unless asked
     )
-    steps_per_epoch = -(-len(trainer.train_loader) // training.grad_accum)
-    training.eval_every = steps_per_epoch  # evaluate on dev after every epoch
-    training.save_every = training.save_every or steps_per_epoch
+    trainer.accelerator.print(f"egbert finetune: {task.name} -> {output_dir}", flush=True)
     outcome = trainer.train()
     if outcome.interrupted:  # a signal: the trainer saved a checkpoint and said so
         return None
@@ -451,20 +454,21 @@ def run_task(
     predictions = {}
     if args.predict:  # the trainer holds the best epoch's model
         predictions = predict_test_sets(task, splits, trainer, tokenizer, max_length, args)
-        predictions = write_test_predictions(predictions, predictions_dir)
+        if trainer.accelerator.is_main_process:
+            predictions = write_test_predictions(predictions, predictions_dir)
     results = {
         "task": task.name,
         "model": str(args.model),
         "metrics": by_split(outcome.metrics, dev_names, metric_names),
         "score": outcome.metrics["score"],
-        "best_epoch": outcome.best_step // steps_per_epoch,
+        "best_epoch": next(r["epoch"] for r in history if r["step"] == outcome.best_step),
         "epochs": training.epochs,
         "train_examples": len(train_set),
         "train_seconds": round(outcome.elapsed_seconds, 1),
         "seconds": round(time.perf_counter() - start, 1),
         "history": [
             {
-                "epoch": record["step"] // steps_per_epoch,
+                "epoch": record["epoch"],
                 "score": record["score"],
                 "metrics": by_split(record, dev_names, metric_names),
             }
@@ -473,7 +477,8 @@ def run_task(
         "predictions": predictions,
         "options": {**head_options(args), **training_options(args, training)},
     }
-    (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if trainer.accelerator.is_main_process:
+        (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import set_seed
-from datasets import Dataset, IterableDataset
+from datasets import Dataset, IterableDataset, concatenate_datasets
 from transformers import PreTrainedModel
 
 from egbert.checkpoints import load_pretrained, read_model_config
@@ -50,6 +50,7 @@ from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 from egbert.pretrain import collators, data, sources
 from egbert.report import ModelCardInfo
+from egbert.runtime import check_trackers_installed
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 from egbert.trainer import Trainer, TrainOutput
 
@@ -141,6 +142,7 @@ def parse_pretrain_args(argv: list[str] | None) -> tuple[PretrainArguments, Trai
 
 def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> TrainOutput:
     """Build tokenizer, data and model from the options, train, and return the trainer's result."""
+    check_trackers_installed(training_args.report_to)  # before the data is tokenized
     tokenizer = load_tokenizer(args.tokenizer)
     set_seed(training_args.seed)  # the model's initial weights
     model, preset = build_model(args, tokenizer)
@@ -331,6 +333,8 @@ def examples_from_documents(
         )
     else:
         examples = data.build_mlm_examples(tokenized, args.seq_len, **ids)
+        if args.dupe_factor > 1:  # copies of the blocks, each masked differently below
+            examples = concatenate_datasets([examples] * args.dupe_factor)
     if args.dupe_factor > 1:  # static masks, one set per duplicate, as BERT's original data
         examples = data.add_static_masks(
             examples,
@@ -368,10 +372,12 @@ def _check_special_tokens(args: PretrainArguments, tokenizer) -> None:
 
 
 def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> dict[str, Any]:
-    """What a resumed run must share with the original: model, tokenizer, data, example shape."""
+    """What a resumed run must share with the original: the options, and the identity of the
+    model config, the tokenizer and the data files."""
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
     return {
-        "model": {"family": args.model, "nsp": args.nsp, "objective": args.objective, **preset},
+        "options": asdict(args),
+        "model": preset,
         "tokenizer": {
             "size": len(tokenizer),
             "vocab_sha256": hashlib.sha256(vocab.encode()).hexdigest()[:16],
@@ -379,29 +385,7 @@ def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> di
         "data": {
             "train_files": _file_identities(args.train_files),
             "validation_files": _file_identities(args.validation_files),
-            "doc_boundary": args.doc_boundary,
-            "encoding": args.encoding,
-            # Left out at their defaults, so that checkpoints from before these options resume.
-            **{name: value for name, value in _source_options(args).items() if value},
         },
-        "seq_len": args.seq_len,
-        "mlm_probability": args.mlm_probability,
-        "whole_word_mask": args.whole_word_mask,
-        "dupe_factor": args.dupe_factor,
-    }
-
-
-def _source_options(args: PretrainArguments) -> dict[str, Any]:
-    return {
-        "dataset": args.dataset,
-        "dataset_config": args.dataset_config,
-        "split": args.split if args.dataset else None,
-        "text_column": args.text_column,
-        "source_weights": args.source_weights,
-        "validation_split": args.validation_split,
-        "validation_split_percentage": args.validation_split_percentage,
-        "streaming": args.streaming,
-        "shuffle_buffer": args.shuffle_buffer,
     }
 
 
