@@ -17,7 +17,6 @@ mix is trained by the fine-tuning heads, not here.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import os
@@ -35,6 +34,7 @@ from tokenizers import Encoding
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.checkpoints import ALLOW_PICKLE_HELP, first_line, load_pretrained, resolve_model_dir
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.tokenizer import check_encoding, check_vocab_matches
@@ -697,9 +697,9 @@ def _attach_layers_value(argv: list[str]) -> list[str]:
     return glued
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="egbert embed",
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        "egbert embed",
         description=(
             "Extract sentence or token embeddings from chosen layers of a saved model (egbert "
             "bert/gpt/elmo or a stock transformers BERT/GPT-2 directory). The input is streamed "
@@ -741,9 +741,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-length", type=int, help="truncate to N tokens (default: model maximum)"
     )
-    parser.add_argument("--normalize", action="store_true", help="unit-length vectors")
+    parser.add_argument("--normalize", action=BooleanFlag, help="unit-length vectors")
     parser.add_argument(
-        "--word-level", action="store_true", help="average word pieces per word (--pool none)"
+        "--word-level", action=BooleanFlag, help="average word pieces per word (--pool none)"
     )
     parser.add_argument(
         "--stride",
@@ -754,7 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pair-field", help="second text field of .jsonl input, for pairs")
     parser.add_argument("--encoding", default="utf-8", help="input file encoding")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
-    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
+    parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
     return parser
 
 
