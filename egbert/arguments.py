@@ -84,7 +84,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         help_text = action.help or ""
         shown = action.default not in (None, argparse.SUPPRESS) and not action.required
-        said = "%(default)" in help_text or "(default" in help_text
+        said = "%(default)" in help_text or "(default:" in help_text
         if shown and not said and action.option_strings and action.nargs != 0:
             default = action.default
             if isinstance(default, list):

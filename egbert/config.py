@@ -536,7 +536,9 @@ def apply_config_overrides(config, overrides: str | None) -> None:
         raise ConfigError(f"--config-overrides {overrides!r}: {error}") from None
 
 
-RECIPE_STAGES = ("pretrain", "finetune", "probe", "quickstart-finetune", "quickstart-probe")
+# egbert pretrain, egbert finetune, and quickstart's fine-tunes and probes. (egbert probe's and
+# prompt-eval's defaults, the same for every family, are those of run_probe and run_prompt_eval.)
+RECIPE_STAGES = ("pretrain", "finetune", "quickstart-finetune", "quickstart-probe")
 
 
 def load_recipe(family: str | None, stage: str) -> dict[str, Any]:
