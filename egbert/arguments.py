@@ -122,7 +122,8 @@ class ArgumentParser(argparse.ArgumentParser):
             self.apply_defaults(self.early_defaults(args))
         self.check_known(args)
         namespace, extras = super().parse_known_args(args, namespace)
-        if getattr(namespace, "print_config", False) and "--print-config" in self._option_strings():
+        owns_print = "--print-config" in self._option_string_actions  # not a subcommand's
+        if owns_print and getattr(namespace, "print_config", False):
             print(yaml.safe_dump(self.resolved_options(namespace), sort_keys=False), end="")
             self.exit(0)
         return namespace, extras
@@ -148,7 +149,7 @@ class ArgumentParser(argparse.ArgumentParser):
                 return normalized + args[index:]
             name, equals, value = arg.partition("=")
             kebab = name.replace("_", "-")
-            known = self._option_strings()
+            known = self._option_string_actions
             if name.startswith("--") and name not in known and kebab in known:
                 arg = kebab + equals + value
             normalized.append(arg)
@@ -249,9 +250,6 @@ class ArgumentParser(argparse.ArgumentParser):
                 if option.startswith("--") and not option.startswith("--no-"):
                     actions.setdefault(option[2:].replace("-", "_"), action)
         return actions
-
-    def _option_strings(self) -> dict[str, argparse.Action]:
-        return self._option_string_actions
 
     def _visible_option_strings(self) -> list[str]:
         names = [name for name in self._option_string_actions if name.startswith("--")]

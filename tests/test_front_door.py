@@ -12,10 +12,11 @@ import pytest
 import yaml
 
 import egbert
+from egbert.arguments import arguments_from_options
 from egbert.cli import COMMANDS, main
-from egbert.config import TrainingArguments, load_recipe
+from egbert.config import FinetuneArguments, TrainingArguments, load_recipe
 from egbert.errors import ConfigError
-from egbert.finetune.run import parse_finetune_args
+from egbert.finetune.run import finetuning_recipe, parse_finetune_args
 from egbert.pretrain.run import parse_pretrain_args, pretrain_arguments
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
@@ -181,6 +182,9 @@ def test_warmup_ratio_is_an_option_alike_everywhere(tmp_path, wikitext_slice, ti
     )
     finetune = ["--model", "m", "--output-dir", "o", "--warmup-ratio", "0.3"]
     assert parse_finetune_args(finetune)[1].warmup_steps == 0.3
+    types = (FinetuneArguments, TrainingArguments)  # run_finetuning's keyword arguments
+    options = {"model": "m", "output_dir": "o", "warmup_ratio": 0.3}
+    assert arguments_from_options(types, options, finetuning_recipe(options))[1].warmup_steps == 0.3
     out = tmp_path / "run"
     result = egbert.run_pretraining(
         model="gpt",
