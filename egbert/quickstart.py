@@ -40,7 +40,8 @@ from typing import Any
 import transformers
 from transformers import PreTrainedTokenizerBase, set_seed
 
-from egbert.config import MODEL_FAMILIES, arguments_from_options, parse_args
+from egbert.arguments import arguments_from_options, parse_args
+from egbert.config import MODEL_FAMILIES, load_recipe
 from egbert.errors import ConfigError, DataError
 from egbert.evaluation import probe, prompting
 from egbert.finetune import run as finetune_run
@@ -51,7 +52,13 @@ from egbert.pretrain import run as pretrain_run
 from egbert.pretrain.sources import load_hub_documents
 from egbert.report import read_train_results
 from egbert.runtime import bf16_pays_off, training_device
-from egbert.tokenizer import format_stats, load_tokenizer, tokenizer_stats, train_tokenizer
+from egbert.tokenizer import (
+    FAMILY_OF_MODEL_TYPE,
+    format_stats,
+    load_tokenizer,
+    tokenizer_stats,
+    train_tokenizer,
+)
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 WIKITEXT = Path("corpus") / "wikitext-2"
@@ -62,22 +69,17 @@ PLAN_FILE = "plan.json"
 # ended after 23.6 minutes: the fine-tunes of the tiny preset finish their epochs early.)
 PRETRAIN_SHARE = 0.5
 FAMILY_SHARES = {"bert": 0.5, "gpt": 0.25, "elmo": 0.25}
-# Fine-tuning: each run trains for its share of the time left, at most FINETUNE_EPOCHS epochs
-# (BERT's fine-tuning recipe, with the lr and dropout of the recipe comparison: pretraining runs
-# without dropout, fine-tuning puts BERT's 0.1 back) on at most FINETUNE_MAX_EXAMPLES examples.
-FINETUNE_EPOCHS, FINETUNE_LR, FINETUNE_BATCH = 3, 1e-4, 32
-FINETUNE_MAX_EXAMPLES = 20_000
+# Fine-tuning: each run trains for its share of the time left with the options of the
+# quickstart-finetune section of its family's recipe (egbert/configs/recipes/).
 # Fine-tuning seeds of bert and its twin at most (while the time left allows them).
 MAX_SEEDS = 3
 # Per-run costs assumed before any run of a stage has been measured.
 FIRST_OVERHEAD_SECONDS = {"pretrain": 20.0, "finetune": 8.0}
 MIN_TRAIN_SECONDS = 1.0
-# The probe and the prompts: fixed sizes, small enough for seconds per task on a CPU. The probe
-# reads the summary position (the fine-tuning heads' default, `cls`) of all layers averaged: on
-# the tiny preset after 5.7 minutes of pretraining, pretrained against twin, bert +6.0 and gpt
-# +5.6 average points this way, against +2.6 and +0.5 with the mean over tokens, where the
-# twins' vectors hold the words of a sentence, which is most of STS-B.
-PROBE_FEATURES, PROBE_POOL, PROBE_TRAIN_SAMPLES = "all-mean", "cls", 2000
+# The probe and the prompts: fixed sizes, small enough for seconds per task on a CPU. The probe's
+# options: the quickstart-probe section of the recipes (egbert/configs/recipes/common.yaml).
+PROBE_RECIPE = load_recipe(None, "quickstart-probe")
+PROBE_TRAIN_SAMPLES = PROBE_RECIPE["max_train_samples"]
 PROMPT_TASKS = ("sst2", "rte", "mrpc", "qnli", "cola")
 PROMPT_SHOTS = (0, 4)
 PROMPT_EVAL_SAMPLES = 200
@@ -445,14 +447,8 @@ DESCRIPTION = (
     "prompt gpt, fine-tune on the GLUE tasks present, and write results.md/.json/.png. A rerun "
     "reuses every finished step."
 )
-# How each model is fine-tuned, by model type (a model and its twin alike; others: the summary
-# vector at FINETUNE_LR). elmo gets ELMo's own task head, a learned mix of its layers averaged
-# over the tokens, each layer brought to one scale first, at lr 1e-3 (the recipe comparison's
-# pilots, docs/experiments/recipe-compare.md).
-FINETUNE_BY_TYPE: dict[str, dict[str, Any]] = {
-    "egbert-elmo": {"features": "scalar-mix", "pool": "mean", "layer_norm": True, "lr": 1e-3}
-}
-DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+# A family's own classifier head in its recipe (elmo's): for the summary-vector head only.
+HEAD_OPTIONS = ("features", "pool", "layer_norm")
 TWIN = "{}-random"  # run folder of a family's twin at its random initial weights
 REPORT_RESERVE_SECONDS = 10.0  # tables and plot at the end
 
@@ -567,8 +563,8 @@ def run_stages(
             tasks=tasks,
             data_dir=glue_dir,
             seed=args.seed,
-            features=PROBE_FEATURES,
-            pool=PROBE_POOL,
+            features=PROBE_RECIPE["features"],
+            pool=PROBE_RECIPE["pool"],
             max_train_samples=probe_size,
         )
         for name, path in models.items()
@@ -734,36 +730,24 @@ def finetune_options(
     model_dir: Path, task: str, head: str, seed: int, glue: Path | None, bf16: bool
 ) -> dict[str, Any]:
     """`run_finetuning`'s options for one run (the budget's minutes are added by the caller):
-    the head's, or for the summary-vector head the model type's own (FINETUNE_BY_TYPE)."""
+    the quickstart-finetune recipe of the model's family with the head's options, or for the
+    summary-vector head the family's own head where its recipe has one."""
     config = json.loads((model_dir / "model" / "config.json").read_text(encoding="utf-8"))
+    recipe = load_recipe(FAMILY_OF_MODEL_TYPE.get(config["model_type"]), "quickstart-finetune")
     features = head.removesuffix("-frozen")
-    by_type = FINETUNE_BY_TYPE.get(config["model_type"], {})
     if features != "cls":
-        by_type = {"lr": by_type["lr"]} if "lr" in by_type else {}
+        recipe = {name: value for name, value in recipe.items() if name not in HEAD_OPTIONS}
     return {
         "task": task,
         "model": str(model_dir),
         "data_dir": None if glue is None else str(glue),
-        "epochs": FINETUNE_EPOCHS,
-        "lr": FINETUNE_LR,
-        "batch_size": FINETUNE_BATCH,
-        "max_seq_length": 128,
-        "max_train_samples": FINETUNE_MAX_EXAMPLES,
         "seed": seed,
         "bf16": bf16,
         "predict": False,
-        "config_overrides": dropout_overrides(config),
         "features": features,
         "freeze": head.endswith("-frozen"),
-        **by_type,
+        **recipe,
     }
-
-
-def dropout_overrides(config: dict[str, Any]) -> str | None:
-    """BERT's fine-tuning dropout (0.1) on whichever of DROPOUT_FIELDS the model has: egbert's
-    pretraining defaults train without dropout, fine-tuning wants it back."""
-    fields = [name for name in DROPOUT_FIELDS if name in config]
-    return ",".join(f"{name}=0.1" for name in fields) or None
 
 
 # ---------------------------------------------------------------- the report
