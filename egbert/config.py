@@ -1,23 +1,25 @@
 """Run configurations: dataclasses whose fields are the command-line options of a job
-(`TrainingArguments` for the shared trainer, `PretrainArguments`, ...).
+(`TrainingArguments` for the shared trainer, `PretrainArguments`, ...), and the files that give
+them values.
 
-Every field is an option (`--seq-len 128`, or `--seq_len 128`), and any of them can come from a
-YAML or JSON file instead (`--config run.yaml`, a flat mapping of field names); options given on
-the command line override the file. Model sizes live in presets: `load_preset`.
+Every field is an option (`--seq-len 128`; egbert.arguments builds the parser), and any of them
+can come from a YAML or JSON file instead (`--config run.yaml`, a flat mapping of field names);
+options given on the command line override the file. A field's default here is the one every
+family uses unless its recipe says otherwise: `load_recipe` reads egbert/configs/recipes/ (the
+defaults of each family and stage, in one place). Model sizes live in presets: `load_preset`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
-from transformers import HfArgumentParser
 
+# parse_args and arguments_from_options are importable from here too (where they were defined).
+from egbert.arguments import arguments_from_options, parse_args, read_config_file  # noqa: F401
 from egbert.errors import ConfigError
 from egbert.models.heads import CLASSIFIER_FEATURES, CLASSIFIER_POOLS
 
@@ -78,9 +80,7 @@ class TrainingArguments:
         default=None,
         metadata={
             "help": "bf16 mixed precision (CPU or GPU); --bf16 false turns it off; unset, the "
-            "launch config's mixed_precision decides (accelerate launch --config_file), else fp32",
-            "nargs": "?",
-            "const": True,
+            "launch config's mixed_precision decides (accelerate launch --config_file), else fp32"
         },
     )
     max_grad_norm: float = field(
@@ -524,121 +524,6 @@ class FinetuneArguments:
             raise ConfigError(f"--max-train-samples must be >= 1, got {self.max_train_samples}")
 
 
-def arguments_from_options(
-    dataclass_types: tuple[type, ...],
-    options: dict[str, Any],
-    defaults: dict[str, Any] | None = None,
-) -> tuple[Any, ...]:
-    """The job's dataclasses from keyword arguments (the Python API of a command): each option
-    goes to the dataclass with that field; `defaults` sit under `options`."""
-    values = {**(defaults or {}), **options}
-    known = {f.name for cls in dataclass_types for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(
-            f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}"
-        )
-    return tuple(
-        cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
-        for cls in dataclass_types
-    )
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Descriptions and epilogs as written, and each option's default after its help."""
-
-
-def parse_args(
-    dataclass_types: tuple[type, ...],
-    argv: list[str] | None,
-    prog: str,
-    description: str,
-    defaults: dict[str, Any] | None = None,
-    epilog: str | None = None,
-) -> tuple[Any, ...]:
-    """Parse `argv` into instances of `dataclass_types`. Each option's value comes from the
-    command line, else from `--config FILE`, else from `defaults`, else from its dataclass."""
-    parser = HfArgumentParser(
-        dataclass_types,
-        prog=prog,
-        description=description,
-        epilog=epilog,
-        formatter_class=HelpFormatter,
-    )
-    parser.set_defaults(**(defaults or {}))
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help="YAML or JSON file of options (field names); the command line overrides it",
-    )
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
-    known, _ = pre.parse_known_args(argv)
-    if known.config:
-        _apply_config_file(parser, Path(known.config))
-    parsed = parser.parse_args_into_dataclasses(args=argv)
-    return tuple(parsed[: len(dataclass_types)])
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """A flat mapping of option names to values from a .yaml/.yml/.json file."""
-    if not path.is_file():
-        raise ConfigError(f"config file {path} not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ConfigError(
-            f"config file {path} is not a UTF-8 text file (byte {error.start}); pass a YAML or "
-            "JSON file"
-        ) from None
-    try:
-        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as error:
-        first_line = str(error).splitlines()[0]
-        raise ConfigError(f"config file {path} is not valid YAML/JSON: {first_line}") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise ConfigError(f"config file {path} must be a mapping of option names to values")
-    return {str(key).replace("-", "_"): value for key, value in values.items()}
-
-
-def _apply_config_file(parser: argparse.ArgumentParser, path: Path) -> None:
-    """Make the file's values the parser's defaults, converted as if typed on the command line
-    (YAML reads `1e-3` as a string), so that options on the command line still win."""
-    actions = {action.dest: action for action in parser._actions if action.dest != "help"}
-    values = read_config_file(path)
-    unknown = sorted(set(values) - set(actions) - {"config"})
-    if unknown:
-        raise ConfigError(f"config file {path}: unknown option(s) {', '.join(unknown)}")
-    defaults = {}
-    for name, value in values.items():
-        if name == "config":
-            continue
-        action = actions[name]
-        defaults[name] = _convert(action, value, path)
-        action.required = False
-    parser.set_defaults(**defaults)
-
-
-def _convert(action: argparse.Action, value: Any, path: Path) -> Any:
-    if isinstance(value, list):
-        return [_convert(action, item, path) for item in value]
-    if isinstance(value, str) and action.type is not None:
-        try:
-            value = action.type(value)
-        except (ValueError, TypeError, argparse.ArgumentTypeError):
-            raise ConfigError(
-                f"config file {path}: bad value {value!r} for {action.dest}"
-            ) from None
-    if action.choices is not None and value is not None and value not in action.choices:
-        raise ConfigError(
-            f"config file {path}: {action.dest} must be one of {list(action.choices)}, "
-            f"got {value!r}"
-        )
-    return value
-
-
 def available_presets(family: str) -> list[str]:
     """Preset names shipped for a model family (egbert/configs/<family>-<name>.yaml)."""
     folder = resources.files("egbert") / "configs"
@@ -665,6 +550,27 @@ def apply_config_overrides(config, overrides: str | None) -> None:
         type(config).from_dict(config.to_dict())
     except ConfigError as error:
         raise ConfigError(f"--config-overrides {overrides!r}: {error}") from None
+
+
+# egbert pretrain, egbert finetune, and quickstart's fine-tunes and probes. (egbert probe's and
+# prompt-eval's defaults, the same for every family, are those of run_probe and run_prompt_eval.)
+RECIPE_STAGES = ("pretrain", "finetune", "quickstart-finetune", "quickstart-probe")
+
+
+def load_recipe(family: str | None, stage: str) -> dict[str, Any]:
+    """The defaults of `family` (None: any family) for `stage`: egbert/configs/recipes/common.yaml's
+    section of that stage with the family's file's over it, as option names -> values."""
+    if stage not in RECIPE_STAGES:
+        raise ConfigError(f"unknown recipe stage {stage!r}; use one of {RECIPE_STAGES}")
+    if family is not None and family not in MODEL_FAMILIES:
+        raise ConfigError(f"unknown model family {family!r}; use one of {MODEL_FAMILIES}")
+    recipe: dict[str, Any] = {}
+    for name in ("common", family):
+        if name is not None:
+            resource = resources.files("egbert") / "configs" / "recipes" / f"{name}.yaml"
+            sections = yaml.safe_load(resource.read_text(encoding="utf-8")) or {}
+            recipe |= sections.get(stage) or {}
+    return recipe
 
 
 def load_preset(family: str, preset_or_path: str) -> dict[str, Any]:

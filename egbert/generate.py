@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
+from argparse import Namespace
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, TextStreamer
 
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
+from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.checkpoints import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
 from egbert.errors import CheckpointError, ConfigError
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
@@ -26,7 +27,7 @@ def check_generative_model(model_dir: Path) -> None:
         )
 
 
-def check_sampling_options(args: argparse.Namespace) -> None:
+def check_sampling_options(args: Namespace) -> None:
     try:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:  # Python keeps undecodable command-line bytes as lone surrogates
@@ -111,22 +112,21 @@ def prompt_ids(tokenizer, prompt: str, config) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="egbert generate",
+    parser = ArgumentParser(
+        "egbert generate",
         description="Continue a prompt with a gpt model, streaming the text to stdout.",
     )
     parser.add_argument("--model", required=True, help="gpt model directory (with its tokenizer)")
     parser.add_argument("--prompt", required=True, help="text to continue")
-    parser.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate")
+    parser.add_argument("--max-new-tokens", type=int, help="tokens to generate")
     parser.add_argument(
-        "--temperature", type=float, default=None, help="sampling temperature; 0 or absent: greedy"
+        "--temperature", type=float, help="sampling temperature; 0 or absent: greedy"
     )
-    parser.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest")
-    parser.add_argument(
-        "--top-p", type=float, default=None, help="sample from the smallest set with this mass"
-    )
-    parser.add_argument("--seed", type=int, default=None, help="random seed for sampling")
-    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
+    parser.add_argument("--top-k", type=int, help="sample from the k likeliest")
+    parser.add_argument("--top-p", type=float, help="sample from the smallest set with this mass")
+    parser.add_argument("--seed", type=int, help="random seed for sampling")
+    parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
+    parser.defaults_from(generate)
     args = parser.parse_args(argv)
     check_sampling_options(args)
     generate(

@@ -12,7 +12,6 @@ is: its model/ subfolder, where the trainer puts the final model, is what goes u
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import os
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from huggingface_hub import HfApi, constants
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalTokenNotFoundError
 from huggingface_hub.utils import get_session, validate_repo_id
 
+from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError
 
 # What a Hub model repository holds, as file name patterns (top level only).
@@ -190,18 +190,18 @@ def describe(plan: PushPlan, repo_id: str, dry_run: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="egbert push",
+    parser = ArgumentParser(
+        "egbert push",
         description="Upload a model folder (or a run directory's model/ folder) to the Hugging "
         "Face Hub: weights, config, tokenizer, model card and modeling code, nothing else.",
     )
     parser.add_argument("--repo-id", required=True, help="Hub repository, USER/NAME")
     parser.add_argument("--folder", required=True, help="model folder or run directory")
-    parser.add_argument("--private", action="store_true", help="create the repository private")
-    parser.add_argument("--revision", default=None, help="branch to push to (default: main)")
-    parser.add_argument("--commit-message", default=None, help="commit message on the Hub")
+    parser.add_argument("--private", action=BooleanFlag, help="create the repository private")
+    parser.add_argument("--revision", help="branch to push to (default: main)")
+    parser.add_argument("--commit-message", help="commit message on the Hub")
     parser.add_argument(
-        "--dry-run", action="store_true", help="print the files that would go up, upload nothing"
+        "--dry-run", action=BooleanFlag, help="print the files that would go up, upload nothing"
     )
     args = parser.parse_args(argv)
     plan = push_to_hub(

@@ -11,7 +11,6 @@ CLI: `egbert tokenizer train ...` and `egbert tokenizer stats ...` (see `--help`
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ from tokenizers import (
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFast
 
+from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.checkpoints import resolve_model_dir
 from egbert.errors import CheckpointError, ConfigError, DataError
 
@@ -449,9 +449,10 @@ def format_stats(stats: dict[str, float]) -> str:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="egbert tokenizer",
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        "egbert tokenizer",
+        config=False,
         description="Train the tokenizer shared by bert, gpt and elmo, or measure one on a corpus.",
     )
     commands = parser.add_subparsers(dest="action", required=True, metavar="{train,stats}")
@@ -462,12 +463,13 @@ def build_parser() -> argparse.ArgumentParser:
         "PreTrainedTokenizerFast that AutoTokenizer.from_pretrained(OUT) loads offline.",
     )
     train.add_argument("--files", nargs="+", required=True, help="text files, one text per line")
-    train.add_argument("--kind", choices=KINDS, default="wordpiece", help="default: wordpiece")
-    train.add_argument("--vocab-size", type=int, default=30522, help="default: 30522")
-    train.add_argument("--lowercase", action="store_true", help="lowercase (and strip accents)")
-    train.add_argument("--min-frequency", type=int, default=2, help="default: 2")
-    train.add_argument("--encoding", default="utf-8", help="the files' encoding (default: utf-8)")
+    train.add_argument("--kind", choices=KINDS, help="the tokenizer's model")
+    train.add_argument("--vocab-size", type=int, help="tokens in the vocabulary")
+    train.add_argument("--lowercase", action=BooleanFlag, help="lowercase (and strip accents)")
+    train.add_argument("--min-frequency", type=int, help="fewer occurrences: not a token")
+    train.add_argument("--encoding", help="the files' encoding")
     train.add_argument("--out", required=True, help="output directory")
+    train.defaults_from(train_tokenizer)
     stats = commands.add_parser(
         "stats",
         help="tokens per word, unknown rate and length percentiles on text files",
@@ -475,8 +477,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stats.add_argument("--tokenizer", required=True, help="tokenizer or model directory")
     stats.add_argument("--files", nargs="+", required=True, help="text files, one text per line")
-    stats.add_argument("--encoding", default="utf-8", help="the files' encoding (default: utf-8)")
-    stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    stats.add_argument("--encoding", help="the files' encoding")
+    stats.add_argument("--json", action=BooleanFlag, help="print the statistics as JSON")
+    stats.defaults_from(tokenizer_stats)
     return parser
 
 

@@ -75,8 +75,8 @@ FAMILY_RECIPE: dict[str, Any] = {**CORPUS, "warmup_steps": 0.06}
 
 # The same fine-tuning for every model: quickstart's (egbert.finetune_options: lr 1e-4,
 # batch 32, 128 tokens, dropout 0.1 on whichever dropout the model has, no test predictions;
-# elmo and its twin ELMo's own task head at lr 1e-3, FINETUNE_BY_TYPE, chosen by this
-# comparison's pilots) with its summary-vector head, on every training example unless
+# elmo and its twin ELMo's own task head at lr 1e-3 (elmo's quickstart-finetune recipe), chosen
+# by this comparison's pilots) with its summary-vector head, on every training example unless
 # --max-train-samples; SST-2, 67k examples, gets one epoch instead of three.
 HEAD = "cls"
 FINETUNE_EPOCHS, SST2_EPOCHS = 3, 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import os
 import sys
@@ -177,6 +178,7 @@ def _non_default_fields(*instances) -> set[str]:
 
 
 def _recorded_dataclass_job(command: str, job):
+    @functools.wraps(job)
     def recorded(*args, **kwargs):
         result = job(*args, **kwargs)
         JOB_OPTIONS.setdefault(command, set()).update(_non_default_fields(*args))
@@ -195,6 +197,8 @@ def _called_by_main(module_file: str) -> bool:
 
 
 def _recorded_argparse_job(command: str, job, parsed: dict, module_file: str):
+    # wraps: a command's parser reads its defaults from the job's signature
+    @functools.wraps(job)
     def recorded(*args, **kwargs):
         result = job(*args, **kwargs)
         seen = parsed.pop(f"egbert {command}", None)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.checkpoints import ALLOW_PICKLE_HELP
 from egbert.embedding.extract import embed
 from egbert.embedding.options import COMBINES, POOLS, EmbedOptions
@@ -50,10 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"egbert embed: wrote {len(source)} embeddings to {where}", file=sys.stderr)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> ArgumentParser:
     defaults = EmbedOptions()
-    parser = argparse.ArgumentParser(
-        prog="egbert embed",
+    parser = ArgumentParser(
+        "egbert embed",
         description=(
             "Extract sentence or token embeddings from chosen layers of a saved model (egbert "
             "bert/gpt/elmo or a stock transformers BERT/GPT-2 directory), as egbert.embed(...) "
@@ -100,9 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-length", type=int, help="truncate to N tokens (default: model maximum)"
     )
-    parser.add_argument("--normalize", action="store_true", help="unit-length vectors")
+    parser.add_argument("--normalize", action=BooleanFlag, help="unit-length vectors")
     parser.add_argument(
-        "--word-level", action="store_true", help="average word pieces per word (--pool none)"
+        "--word-level", action=BooleanFlag, help="average word pieces per word (--pool none)"
     )
     parser.add_argument(
         "--stride",
@@ -113,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pair-field", help="second text field of .jsonl input, for pairs")
     parser.add_argument("--encoding", default="utf-8", help="input file encoding")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
-    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
+    parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
     return parser
 
 

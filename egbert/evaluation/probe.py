@@ -38,7 +38,6 @@ Python:
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from collections import Counter
@@ -53,6 +52,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from egbert.arguments import ArgumentParser
 from egbert.embedding import embed, load_model
 from egbert.errors import ConfigError, DataError
 from egbert.evaluation.results import (
@@ -374,9 +374,9 @@ def results_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="egbert probe",
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        "egbert probe",
         description=(
             "Probe a frozen model: pool one vector per example from chosen layers, fit a "
             "logistic regression (ridge for STS-B) on the training split's vectors, and score "
@@ -400,25 +400,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--features",
         choices=FEATURES,
-        default="last",
-        help="last layer; last four concatenated or summed; all layers averaged "
-        "(default: %(default)s)",
+        help="last layer; last four concatenated or summed; all layers averaged",
     )
     parser.add_argument(
         "--pool",
         choices=POOLS,
-        default="mean",
         help="mean over real tokens, or cls: the family's summary position (BERT's [CLS], "
-        "GPT's last token, ELMo's two sentence ends) (default: %(default)s)",
+        "GPT's last token, ELMo's two sentence ends)",
     )
     parser.add_argument(
         "--max-train-samples",
         type=int,
-        default=4000,
-        help="fit on a seeded random draw of this many training examples (default: %(default)s)",
+        help="fit on a seeded random draw of this many training examples",
     )
-    parser.add_argument("--batch-size", type=int, default=64, help="(default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, help="examples per forward")
     add_run_arguments(parser, RESULTS_FILE)
+    parser.defaults_from(run_probe)
     return parser
 
 

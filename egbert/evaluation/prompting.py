@@ -35,7 +35,6 @@ Python:
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from collections.abc import Sequence
@@ -48,6 +47,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
+from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.checkpoints import load_pretrained, read_model_config
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.evaluation.results import (
@@ -503,9 +503,9 @@ def results_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="egbert prompt-eval",
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        "egbert prompt-eval",
         description=(
             "k-shot prompting of a gpt model: each dev example follows k demonstrations from "
             "the training split, and the label whose answer words the model finds likeliest is "
@@ -529,12 +529,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--shots",
         type=int,
         nargs="+",
-        default=[0],
-        help="numbers of demonstrations, each scored separately (default: 0)",
+        help="numbers of demonstrations, each scored separately",
     )
     parser.add_argument(
         "--calibrate",
-        action="store_true",
+        action=BooleanFlag,
         help='also report scores calibrated against a content-free "N/A" input',
     )
     parser.add_argument(
@@ -542,10 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="score a seeded random sample of this many dev examples (default: all)",
     )
-    parser.add_argument(
-        "--batch-size", type=int, default=16, help="sequences per forward (default: %(default)s)"
-    )
+    parser.add_argument("--batch-size", type=int, help="sequences per forward")
     add_run_arguments(parser, RESULTS_FILE)
+    parser.defaults_from(run_prompt_eval)
     return parser
 
 

@@ -6,7 +6,6 @@ mean of its metrics), so a probe or prompting number sits next to a fine-tuning 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections import Counter
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.checkpoints import ALLOW_PICKLE_HELP
 from egbert.errors import ConfigError, DataError
 from egbert.finetune.metrics import compute_task_metrics, task_score
@@ -73,7 +73,7 @@ def majority_score(task: Task, train_labels: Sequence[int], dev_labels: Sequence
     return task_score({"dev": scored(task, [majority] * len(dev_labels), dev_labels)})
 
 
-def add_model_and_task_arguments(parser: argparse.ArgumentParser, task_help: str) -> None:
+def add_model_and_task_arguments(parser: ArgumentParser, task_help: str) -> None:
     """--model, --task and --data-dir, named as the run functions' arguments."""
     parser.add_argument(
         "--model", dest="model_dir", metavar="DIR", required=True, type=Path,
@@ -89,20 +89,20 @@ def add_model_and_task_arguments(parser: argparse.ArgumentParser, task_help: str
     )  # fmt: skip
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, results_file: str) -> None:
-    """--seed, --output-dir, --device, --bf16 and --allow-pickle."""
-    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+def add_run_arguments(parser: ArgumentParser, results_file: str) -> None:
+    """--seed, --output-dir, --device, --bf16 and --allow-pickle (their defaults: the run
+    function's, `parser.defaults_from`)."""
+    parser.add_argument("--seed", type=int, help="random seed")
     parser.add_argument(
         "--output-dir", type=Path, help=f"write {results_file} here (default: print only)"
     )
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
     parser.add_argument(
         "--bf16",
-        action=argparse.BooleanOptionalAction,
-        default=None,
+        action=BooleanFlag,
         help="bf16 autocast (default: where the device runs it faster than fp32)",
     )
-    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
+    parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
 
 
 @contextmanager

@@ -49,14 +49,9 @@ from transformers import (
 )
 
 import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with the Auto classes)
+from egbert.arguments import arguments_from_options, parse_args
 from egbert.checkpoints import first_line, load_pretrained, read_model_config, resolve_model_dir
-from egbert.config import (
-    FinetuneArguments,
-    TrainingArguments,
-    apply_config_overrides,
-    arguments_from_options,
-    parse_args,
-)
+from egbert.config import FinetuneArguments, TrainingArguments, apply_config_overrides, load_recipe
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.finetune.metrics import (
     compute_task_metrics,
@@ -80,7 +75,7 @@ from egbert.finetune.tasks import (
 from egbert.models.convert import convert_checkpoint
 from egbert.report import ModelCardInfo
 from egbert.runtime import check_trackers_installed
-from egbert.tokenizer import check_vocab_matches, load_tokenizer
+from egbert.tokenizer import FAMILY_OF_MODEL_TYPE, check_vocab_matches, load_tokenizer
 from egbert.trainer import Trainer
 
 # Stock transformers checkpoints that egbert converts to its own classes before fine-tuning.
@@ -88,18 +83,6 @@ STOCK_MODEL_TYPES = ("bert", "gpt2")
 # The columns a classifier's forward takes; everything else is dropped before batching.
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 DEFAULT_MAX_SEQ_LENGTH = 128
-# The trainer's options where fine-tuning wants other defaults than pretraining: BERT's
-# fine-tuning recipe (lr 5e-5, 3 epochs, batch 32, 10% warmup), the best epoch kept by the task
-# score, one checkpoint (the newest epoch's).
-FINETUNE_DEFAULTS: dict[str, Any] = {
-    "lr": 5e-5,
-    "epochs": 3,
-    "batch_size": 32,
-    "warmup_steps": 0.1,
-    "metric_for_best_model": "score",
-    "greater_is_better": True,
-    "keep_checkpoints": 1,
-}
 EPILOG = """examples:
   egbert finetune --task rte --model runs/bert-mini --data-dir $EGBERT_DATA/glue \\
       --output-dir runs/rte
@@ -124,24 +107,49 @@ class FinetuneOutput:
     interrupted: bool = False
 
 
+DESCRIPTION = (
+    "Fine-tune and evaluate a model on a GLUE task (or all of them, or your own files); keeps "
+    "the best epoch on dev and writes GLUE submission files. The defaults are fine-tuning's "
+    "recipe (egbert/configs/recipes/); --print-config shows every resolved option."
+)
+
+
 def main(argv: list[str] | None = None) -> None:
-    types = (FinetuneArguments, TrainingArguments)
-    description = (
-        "Fine-tune and evaluate a model on a GLUE task (or all of them, or your own files); "
-        "keeps the best epoch on dev and writes GLUE submission files."
-    )
-    output = finetune(
-        *parse_args(types, argv, "egbert finetune", description, FINETUNE_DEFAULTS, EPILOG)
-    )
+    output = finetune(*parse_finetune_args(argv))
     PartialState().print(output.table)  # once, under torchrun too
 
 
 def run_finetuning(**options: Any) -> FinetuneOutput:
     """`egbert finetune` from Python: the keyword arguments are the command's options
     (FinetuneArguments and TrainingArguments fields, e.g. task="rte", model="runs/bert",
-    data_dir=..., output_dir=..., epochs=3), with fine-tuning's defaults under them."""
+    data_dir=..., output_dir=..., epochs=3), with fine-tuning's recipe under them."""
     types = (FinetuneArguments, TrainingArguments)
-    return finetune(*arguments_from_options(types, options, FINETUNE_DEFAULTS))
+    return finetune(*arguments_from_options(types, options, finetuning_recipe(options)))
+
+
+def parse_finetune_args(argv: list[str] | None) -> tuple[FinetuneArguments, TrainingArguments]:
+    """`egbert finetune`'s options: the command line over the --config file over the recipe."""
+    types = (FinetuneArguments, TrainingArguments)
+    return parse_args(
+        types, argv, "egbert finetune", DESCRIPTION, epilog=EPILOG, recipe=finetuning_recipe
+    )
+
+
+def finetuning_recipe(options: dict[str, Any]) -> dict[str, Any]:
+    """Fine-tuning's defaults for the family of options["model"] (where its config says it)."""
+    return load_recipe(model_family(options.get("model")), "finetune")
+
+
+def model_family(model: str | None) -> str | None:
+    """bert, gpt or elmo: the family of a model directory's config.json; None where there is
+    none to read (a Hub id, a mistyped path: loading the model says what is wrong)."""
+    if model is None:
+        return None
+    try:
+        config = read_model_config(model)
+    except (CheckpointError, ConfigError, OSError):
+        return None
+    return FAMILY_OF_MODEL_TYPE.get(config.get("model_type"))
 
 
 def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOutput:

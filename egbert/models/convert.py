@@ -17,7 +17,6 @@ The target folder gets the tokenizer made for the model's family (egbert.tokeniz
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
@@ -41,6 +40,7 @@ from transformers import (
 )
 from transformers import initialization as init
 
+from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.checkpoints import ALLOW_PICKLE_HELP, first_line, load_pretrained, read_model_config
 from egbert.errors import CheckpointError
 from egbert.models.bert import (
@@ -648,8 +648,8 @@ def save_tokenizer_for(config: PretrainedConfig, source: Path, target: Path) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="egbert convert",
+    parser = ArgumentParser(
+        "egbert convert",
         description="Convert a stock transformers BertModel / BertForPreTraining / BertForMaskedLM "
         "/ BertForSequenceClassification / GPT2Model / GPT2LMHeadModel / "
         "GPT2ForSequenceClassification checkpoint to egbert, or (--to-transformers) an egbert bert "
@@ -660,10 +660,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--to", dest="target", required=True, help="directory to write")
     parser.add_argument(
         "--to-transformers",
-        action="store_true",
+        action=BooleanFlag,
         help="convert egbert -> stock transformers classes (default: stock -> egbert)",
     )
-    parser.add_argument("--allow-pickle", action="store_true", help=ALLOW_PICKLE_HELP)
+    parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
     args = parser.parse_args(argv)
     model = convert_checkpoint(
         args.source, args.target, args.to_transformers, allow_pickle=args.allow_pickle

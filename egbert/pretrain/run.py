@@ -30,14 +30,15 @@ from accelerate.utils import set_seed
 from datasets import Dataset, IterableDataset, concatenate_datasets
 from transformers import PreTrainedModel
 
+from egbert.arguments import arguments_from_options, parse_args
 from egbert.checkpoints import load_pretrained, read_model_config
 from egbert.config import (
+    MODEL_FAMILIES,
     PretrainArguments,
     TrainingArguments,
     apply_config_overrides,
-    arguments_from_options,
     load_preset,
-    parse_args,
+    load_recipe,
 )
 from egbert.errors import CheckpointError, ConfigError
 from egbert.models.bert import (
@@ -57,48 +58,16 @@ from egbert.trainer import Trainer, TrainOutput
 Documents = Dataset | IterableDataset
 CONFIG_CLASSES = {"bert": EgbertBertConfig, "gpt": EgbertGPTConfig, "elmo": EgbertElmoConfig}
 
-# Options whose default differs by family, where the trainer's default leaves that family's
-# language model worse at a fixed budget (docs/experiments/recipe-compare.md; old against new
-# defaults: docs/defaults.md).
-# bert: the recipe comparison's choices, masked LM + next-sentence prediction kept as BERT's
-# objective: attention heads that start on fixed neighbours (local_attention_init: leaves the
-# unigram plateau of the MLM loss early), no dropout while pretraining (fine-tuning puts 0.1
-# back), 40% masking, batch 16, lr 1e-3 with 6% warmup; 25 minutes on the mini preset: MLM loss
-# 4.2 against the stock recipe's 6.65.
-# gpt: lr 1e-3 and no dropout while pretraining: perplexity 70.7 against 92.6 with the trainer's
-# lr 5e-4 and dropout 0.1 (tiny, 25 CPU-minutes; 138 against 194 after 5; docs/defaults.md).
-# elmo: perplexity 221 with lr and dropout set against 483 without (mini, 25 minutes); its LSTMs
-# cost about the same per token at any block length, so 64-token blocks give it twice the
-# updates of 128 in the same time (in fp32: a lower LM loss, 5.41 against 5.83).
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "bert": {
-        "lr": 1e-3,
-        "batch_size": 16,
-        "warmup_steps": 0.06,
-        "mlm_probability": 0.4,
-        "config_overrides": "local_attention_init=true,hidden_dropout_prob=0,"
-        "attention_probs_dropout_prob=0",
-    },
-    "gpt": {"lr": 1e-3, "config_overrides": "hidden_dropout_prob=0,attention_probs_dropout_prob=0"},
-    "elmo": {"lr": 5e-3, "config_overrides": "hidden_dropout_prob=0", "seq_len": 64},
-}
-
-
-def family_defaults_text() -> str:
-    """FAMILY_DEFAULTS as command-line options, e.g. "elmo: --lr 0.005, ..." (for --help)."""
-    families = []
-    for family, options in FAMILY_DEFAULTS.items():
-        flags = [f"--{name.replace('_', '-')} {value}" for name, value in options.items()]
-        families.append(f"{family}: {', '.join(flags)}")
-    return "; ".join(families)
-
-
 DESCRIPTION = (
     "Pretrain a bert (MLM + NSP), gpt (causal LM) or elmo (biLM) model on text, table or Hub "
-    "corpora. "
-    "Every option can also be set in a YAML/JSON file given with --config. "
-    f"Family defaults: {family_defaults_text()}."
+    "corpora. Every option can also be set in a YAML/JSON file given with --config. Each family "
+    "has its own defaults (its recipe, egbert/configs/recipes/FAMILY.yaml): `--model FAMILY "
+    "--help` shows them, --print-config every resolved option."
 )
+# Each family's pretraining defaults, from its recipe (the one place they are set).
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    family: load_recipe(family, "pretrain") for family in MODEL_FAMILIES
+}
 
 
 # What each family's model is for on the Hub (the card's pipeline_tag).
@@ -117,27 +86,26 @@ def run_pretraining(**options: Any) -> TrainOutput:
 
 
 def pretrain_arguments(**options: Any) -> tuple[PretrainArguments, TrainingArguments]:
-    """The options of `run_pretraining` as its dataclasses, the family's defaults
-    (FAMILY_DEFAULTS) under them."""
-    defaults = dict(FAMILY_DEFAULTS.get(options.get("model"), {}))
-    if options.get("init_from"):  # a model from --init-from keeps its own config
-        defaults.pop("config_overrides", None)
-    return arguments_from_options((PretrainArguments, TrainingArguments), options, defaults)
+    """The options of `run_pretraining` as its dataclasses, the family's recipe under them."""
+    types = (PretrainArguments, TrainingArguments)
+    return arguments_from_options(types, options, pretraining_recipe(options))
 
 
 def parse_pretrain_args(argv: list[str] | None) -> tuple[PretrainArguments, TrainingArguments]:
-    """`egbert pretrain`'s options, with the family's defaults (FAMILY_DEFAULTS) under the
-    command line and the --config file."""
+    """`egbert pretrain`'s options: the command line over the --config file over the family's
+    recipe, parsed once."""
+    types = (PretrainArguments, TrainingArguments)
+    return parse_args(types, argv, "egbert pretrain", DESCRIPTION, recipe=pretraining_recipe)
 
-    def parse(defaults: dict[str, Any] | None = None) -> tuple[Any, ...]:
-        types = (PretrainArguments, TrainingArguments)
-        return parse_args(types, argv, "egbert pretrain", DESCRIPTION, defaults)
 
-    pretrain_args, training_args = parse()
-    defaults = dict(FAMILY_DEFAULTS.get(pretrain_args.model, {}))
-    if pretrain_args.init_from:  # a model from --init-from keeps its own config
-        defaults.pop("config_overrides", None)
-    return parse(defaults) if defaults else (pretrain_args, training_args)
+def pretraining_recipe(options: dict[str, Any]) -> dict[str, Any]:
+    """The pretraining defaults of the family in options["model"] (none without a known one)."""
+    if options.get("model") not in MODEL_FAMILIES:
+        return {}
+    recipe = load_recipe(options["model"], "pretrain")
+    if options.get("init_from"):  # a model from --init-from keeps its own config
+        recipe.pop("config_overrides", None)
+    return recipe
 
 
 def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> TrainOutput:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from egbert.config import load_recipe
 from egbert.errors import ConfigError
 from egbert.models.heads import CLASSIFIER_FEATURES
 
@@ -22,31 +22,21 @@ FAMILY_SHARES = {"bert": 0.5, "gpt": 0.25, "elmo": 0.25}
 # The probe and the prompts: at most this share of the whole budget, whatever the machine (their
 # size alone, fixed by the budget, took 148 of a 3-minute run's 180 s on a busy GPU machine).
 EVALUATION_SHARE = 0.2
-# Fine-tuning: each run trains for its share of the time left, at most FINETUNE_EPOCHS epochs
-# (BERT's fine-tuning recipe, with the lr and dropout of the recipe comparison: pretraining runs
-# without dropout, fine-tuning puts BERT's 0.1 back) on at most FINETUNE_MAX_EXAMPLES examples.
-FINETUNE_EPOCHS, FINETUNE_LR, FINETUNE_BATCH = 3, 1e-4, 32
-FINETUNE_MAX_EXAMPLES = 20_000
-# How each model is fine-tuned, by model type (a model and its twin alike; others: the summary
-# vector at FINETUNE_LR). elmo gets ELMo's own task head, a learned mix of its layers averaged
-# over the tokens, each layer brought to one scale first, at lr 1e-3 (the recipe comparison's
-# pilots, docs/experiments/recipe-compare.md).
-FINETUNE_BY_TYPE: dict[str, dict[str, Any]] = {
-    "egbert-elmo": {"features": "scalar-mix", "pool": "mean", "layer_norm": True, "lr": 1e-3}
-}
-DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+# Fine-tuning: each run trains for its share of the time left with the options of the
+# quickstart-finetune section of its family's recipe (egbert/configs/recipes/); a family's own
+# classifier head there (elmo's) is for the summary-vector head only.
+HEAD_OPTIONS = ("features", "pool", "layer_norm")
 # Fine-tuning seeds of bert and its twin at most (while the time left allows them).
 MAX_SEEDS = 3
 # Per-run costs assumed before any run of a stage has been measured.
 FIRST_OVERHEAD_SECONDS = {"pretrain": 20.0, "finetune": 8.0}
 MIN_TRAIN_SECONDS = 1.0
 REPORT_RESERVE_SECONDS = 10.0  # tables and plot at the end
-# The probe and the prompts at full size, small enough for seconds per task on a CPU. The probe
-# reads the summary position (the fine-tuning heads' default, `cls`) of all layers averaged: on
-# the tiny preset after 5.7 minutes of pretraining, pretrained against twin, bert +6.0 and gpt
-# +5.6 average points this way, against +2.6 and +0.5 with the mean over tokens, where the
-# twins' vectors hold the words of a sentence, which is most of STS-B.
-PROBE_FEATURES, PROBE_POOL, PROBE_TRAIN_SAMPLES = "all-mean", "cls", 2000
+# The probe and the prompts at full size, small enough for seconds per task on a CPU. The probe's
+# options: the quickstart-probe section of the recipes (egbert/configs/recipes/common.yaml).
+PROBE_RECIPE = load_recipe(None, "quickstart-probe")
+PROBE_FEATURES, PROBE_POOL = PROBE_RECIPE["features"], PROBE_RECIPE["pool"]
+PROBE_TRAIN_SAMPLES = PROBE_RECIPE["max_train_samples"]
 PROMPT_TASKS = ("sst2", "rte", "mrpc", "qnli", "cola")
 PROMPT_SHOTS = (0, 4)
 PROMPT_EVAL_SAMPLES = 200

@@ -17,6 +17,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase, set_seed
 
+from egbert.config import load_recipe
 from egbert.errors import ConfigError, DataError
 from egbert.finetune import run as finetune_run
 from egbert.finetune.tasks import GLUE_TASKS, available_tasks, get_task, split_file
@@ -24,17 +25,18 @@ from egbert.pretrain import run as pretrain_run
 from egbert.pretrain.sources import load_hub_documents
 from egbert.quickstart.options import (
     DEFAULT_DATA,
-    DROPOUT_FIELDS,
-    FINETUNE_BATCH,
-    FINETUNE_BY_TYPE,
-    FINETUNE_EPOCHS,
-    FINETUNE_LR,
-    FINETUNE_MAX_EXAMPLES,
     GUTENBERG,
+    HEAD_OPTIONS,
     WIKITEXT,
 )
 from egbert.report import read_train_results
-from egbert.tokenizer import format_stats, load_tokenizer, tokenizer_stats, train_tokenizer
+from egbert.tokenizer import (
+    FAMILY_OF_MODEL_TYPE,
+    format_stats,
+    load_tokenizer,
+    tokenizer_stats,
+    train_tokenizer,
+)
 
 
 class RunStopped(Exception):
@@ -229,33 +231,21 @@ def finetune_options(
     model_dir: Path, task: str, head: str, seed: int, glue: Path | None, bf16: bool
 ) -> dict[str, Any]:
     """`run_finetuning`'s options for one run (the budget's minutes are added by the caller):
-    the head's, or for the summary-vector head the model type's own (FINETUNE_BY_TYPE)."""
+    the quickstart-finetune recipe of the model's family with the head's options, or for the
+    summary-vector head the family's own head where its recipe has one."""
     config = json.loads((model_dir / "model" / "config.json").read_text(encoding="utf-8"))
+    recipe = load_recipe(FAMILY_OF_MODEL_TYPE.get(config["model_type"]), "quickstart-finetune")
     features = head.removesuffix("-frozen")
-    by_type = FINETUNE_BY_TYPE.get(config["model_type"], {})
     if features != "cls":
-        by_type = {"lr": by_type["lr"]} if "lr" in by_type else {}
+        recipe = {name: value for name, value in recipe.items() if name not in HEAD_OPTIONS}
     return {
         "task": task,
         "model": str(model_dir),
         "data_dir": None if glue is None else str(glue),
-        "epochs": FINETUNE_EPOCHS,
-        "lr": FINETUNE_LR,
-        "batch_size": FINETUNE_BATCH,
-        "max_seq_length": 128,
-        "max_train_samples": FINETUNE_MAX_EXAMPLES,
         "seed": seed,
         "bf16": bf16,
         "predict": False,
-        "config_overrides": dropout_overrides(config),
         "features": features,
         "freeze": head.endswith("-frozen"),
-        **by_type,
+        **recipe,
     }
-
-
-def dropout_overrides(config: dict[str, Any]) -> str | None:
-    """BERT's fine-tuning dropout (0.1) on whichever of DROPOUT_FIELDS the model has: egbert's
-    pretraining defaults train without dropout, fine-tuning wants it back."""
-    fields = [name for name in DROPOUT_FIELDS if name in config]
-    return ",".join(f"{name}=0.1" for name in fields) or None

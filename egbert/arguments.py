@@ -1,0 +1,464 @@
+"""The front door of every command: one argparse parser class, and parsers generated from the
+jobs' option dataclasses (`TrainingArguments`, `PretrainArguments`, ...).
+
+What every command gets from it:
+- kebab-case options (`--train-files`); the underscore spelling (`--train_files`) still works
+  and is left out of --help;
+- booleans as `--flag` / `--no-flag`, with `--flag true|false` also accepted;
+- `--config FILE`: a YAML/JSON mapping of option names to values, under the command line;
+- `--print-config`: print the resolved options as YAML (a file for --config) and exit;
+- an unknown option answered with a usage line and one error line naming it and, where one is
+  close, the option meant (exit code 2, no traceback).
+
+Dataclass commands are parsed once, with every default in place before the command line is read:
+the dataclass's own, under the job's recipe (`egbert.config.load_recipe`: the family's defaults
+for the stage), under the --config file, under the command line. So --help shows the values
+really used, and each dataclass validates the options it will run with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import inspect
+import json
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from egbert.errors import ConfigError
+
+CONFIG_HELP = "YAML or JSON file of options (option or field names); the command line overrides it"
+PRINT_CONFIG_HELP = "print the resolved options as YAML (a file for --config) and exit"
+TRUE_WORDS, FALSE_WORDS = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def str_to_bool(value: str) -> bool:
+    word = str(value).lower()
+    if word in TRUE_WORDS or word in FALSE_WORDS:
+        return word in TRUE_WORDS
+    raise argparse.ArgumentTypeError(f"give true or false, not {value!r}")
+
+
+class BooleanFlag(argparse.Action):
+    """A boolean option: `--flag`, `--flag true|false` and `--no-flag`."""
+
+    def __init__(self, option_strings, dest, default=False, required=False, help=None):
+        negatives = [f"--no-{name[2:]}" for name in option_strings if name.startswith("--")]
+        super().__init__(
+            [*option_strings, *negatives],
+            dest,
+            nargs="?",
+            type=str_to_bool,
+            default=default,
+            required=required,
+            help=help,
+            metavar="BOOL",
+        )
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        value = True if values is None else values
+        negative = option_string is not None and option_string.startswith("--no-")
+        setattr(namespace, self.dest, not value if negative else value)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; each option once, with its aliases and the default
+    it really has."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        names = ", ".join(action.option_strings)
+        if action.nargs == 0 or isinstance(action, BooleanFlag):
+            return names
+        metavar = self._format_args(action, self._get_default_metavar_for_optional(action))
+        return f"{names} {metavar}"
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        shown = action.default not in (None, argparse.SUPPRESS) and not action.required
+        said = "%(default)" in help_text or "(default:" in help_text
+        if shown and not said and action.option_strings and action.nargs != 0:
+            default = action.default
+            if isinstance(default, list):
+                default = " ".join(map(str, default)) or "none"
+            help_text += f" (default: {str(default).replace('%', '%%')})"
+        return help_text
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with egbert's conventions (see the module's docstring)."""
+
+    def __init__(self, prog: str, *, config: bool = True, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(prog=prog, **kwargs)
+        if config:
+            self.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
+            self.add_argument(
+                "--print-config", action="store_true", default=False, help=PRINT_CONFIG_HELP
+            )
+
+    # ---------------------------------------------------------------- parsing
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace=None) -> argparse.Namespace:
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(self.unrecognized(extras))
+        for name in ("config", "print_config"):  # done with: the options alone go on
+            if hasattr(namespace, name):
+                delattr(namespace, name)
+        return namespace
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace=None):
+        args = self.normalize(list(sys.argv[1:] if args is None else args))
+        if "--config" in self._option_string_actions:
+            self.apply_defaults(self.early_defaults(args))
+        self.check_known(args)
+        namespace, extras = super().parse_known_args(args, namespace)
+        owns_print = "--print-config" in self._option_string_actions  # not a subcommand's
+        if owns_print and getattr(namespace, "print_config", False):
+            print(yaml.safe_dump(self.resolved_options(namespace), sort_keys=False), end="")
+            self.exit(0)
+        return namespace, extras
+
+    def check_known(self, args: list[str]) -> None:
+        """An unknown option is the error to report first, before a missing required one."""
+        required = [action for action in self._actions if action.required]
+        for action in required:
+            action.required = False
+        try:
+            _, extras = super().parse_known_args(args, None)
+        finally:
+            for action in required:
+                action.required = True
+        if extras:
+            self.error(self.unrecognized(extras))
+
+    def normalize(self, args: list[str]) -> list[str]:
+        """The underscore spellings (`--train_files`, `--no_nsp`) as their kebab-case option."""
+        normalized = []
+        for index, arg in enumerate(args):
+            if arg == "--":
+                return normalized + args[index:]
+            name, equals, value = arg.partition("=")
+            kebab = name.replace("_", "-")
+            known = self._option_string_actions
+            if name.startswith("--") and name not in known and kebab in known:
+                arg = kebab + equals + value
+            normalized.append(arg)
+        return normalized
+
+    def early_defaults(self, args: list[str]) -> dict[str, Any]:
+        """The defaults to set before the command line is read: the --config file's values."""
+        return self.config_file_values(args)
+
+    def config_file_values(self, args: list[str]) -> dict[str, Any]:
+        pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        pre.add_argument("--config")
+        known, _ = pre.parse_known_args(args)
+        if not known.config:
+            return {}
+        path = Path(known.config)
+        return self.converted(read_config_file(path), f"config file {path}")
+
+    def converted(self, values: dict[str, Any], source: str) -> dict[str, Any]:
+        """`values` (keyed by option or field name) by dest, each converted as if typed on the
+        command line (YAML reads `1e-3` as a string)."""
+        actions = self.actions_by_name()
+        unknown = sorted(set(values) - set(actions) - {"config", "print_config"})
+        if unknown:
+            raise ConfigError(f"{source}: unknown option(s) {', '.join(unknown)}")
+        return {
+            actions[name].dest: _convert(actions[name], value, source)
+            for name, value in values.items()
+            if name in actions
+        }
+
+    def defaults_from(self, function: Callable[..., Any]) -> None:
+        """Take the options' defaults from the keyword defaults of the function they are passed
+        to (its Python API), so that both have the same ones."""
+        dests = {action.dest for action in self._actions}
+        parameters = inspect.signature(function).parameters.values()
+        self.set_defaults(
+            **{
+                p.name: list(p.default) if isinstance(p.default, tuple) else p.default
+                for p in parameters
+                if p.name in dests and p.default is not inspect.Parameter.empty
+            }
+        )
+
+    def apply_defaults(self, values: dict[str, Any]) -> None:
+        """Make `values` (by dest) the defaults; an option with a value is no longer required."""
+        for action in self._actions:
+            if action.dest in values:
+                action.required = False
+        self.set_defaults(**values)
+
+    def resolved_options(self, namespace: argparse.Namespace) -> dict[str, Any]:
+        """The options as --print-config writes them: by dest, YAML-safe."""
+        skip = {"config", "print_config", "help"}
+        dests = {action.dest for action in self._actions} - skip
+        return {dest: _plain(getattr(namespace, dest)) for dest in sorted(dests, key=self._order)}
+
+    # ---------------------------------------------------------------- errors
+
+    def unrecognized(self, extras: list[str]) -> str:
+        options = [arg for arg in extras if arg.startswith("-")]
+        if not options:
+            return f"unexpected argument {extras[0]!r}"
+        name = options[0].partition("=")[0]
+        meant = suggestion(name, self._visible_option_strings())
+        hint = f" (did you mean {meant}?)" if meant else ""
+        return f"unrecognized option {name}{hint}"
+
+    def format_usage(self) -> str:
+        self.usage = self._short_usage()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self.usage = self._short_usage()
+        return super().format_help()
+
+    def _short_usage(self) -> str | None:
+        """One line: the required options, then [options] (argparse's lists every option)."""
+        if any(not action.option_strings for action in self._actions):
+            return None  # subcommands: argparse's own usage line names them
+        required = [
+            f"{action.option_strings[0]} {action.metavar or action.dest.upper()}"
+            for action in self._actions
+            if action.required
+        ]
+        return " ".join(["%(prog)s", *required, "[options]"])
+
+    # ---------------------------------------------------------------- helpers
+
+    def actions_by_name(self) -> dict[str, argparse.Action]:
+        """Each action by its dest and by its option names in field form (`train_files`)."""
+        actions = {}
+        for action in self._actions:
+            if action.dest == "help":
+                continue
+            actions[action.dest] = action
+            for option in action.option_strings:
+                if option.startswith("--") and not option.startswith("--no-"):
+                    actions.setdefault(option[2:].replace("-", "_"), action)
+        return actions
+
+    def _visible_option_strings(self) -> list[str]:
+        names = [name for name in self._option_string_actions if name.startswith("--")]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for parser in action.choices.values():
+                    names += [name for name in parser._option_string_actions if name[:2] == "--"]
+        return names
+
+    def _order(self, dest: str) -> int:
+        return [action.dest for action in self._actions].index(dest)
+
+
+def suggestion(name: str, options: Sequence[str]) -> str | None:
+    """The option `name` most likely meant: a close spelling, else one it extends
+    (`--lr-rate`: `--lr`)."""
+    words = {option.lstrip("-"): option for option in options}
+    word = name.lstrip("-").replace("_", "-")
+    close = difflib.get_close_matches(word, list(words), n=1, cutoff=0.6)
+    if close:
+        return words[close[0]]
+    stems = [known for known in words if word.startswith(f"{known}-")]
+    return words[max(stems, key=len)] if stems else None
+
+
+def _convert(action: argparse.Action, value: Any, source: str) -> Any:
+    if isinstance(value, list):
+        return [_convert(action, item, source) for item in value]
+    if isinstance(value, str) and action.type is not None:
+        try:
+            value = action.type(value)
+        except (ValueError, TypeError, argparse.ArgumentTypeError):
+            raise ConfigError(f"{source}: bad value {value!r} for {action.dest}") from None
+    if action.choices is not None and value is not None and value not in action.choices:
+        raise ConfigError(
+            f"{source}: {action.dest} must be one of {list(action.choices)}, got {value!r}"
+        )
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """A value YAML writes and reads back as the same option (paths as strings)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+# ---------------------------------------------------------------- dataclass commands
+
+Recipe = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class DataclassArgumentParser(ArgumentParser):
+    """A parser whose options are the fields of `dataclass_types`, one option per field; a
+    `recipe` maps the early options it names (e.g. the model family) to the job's defaults."""
+
+    def __init__(
+        self,
+        dataclass_types: Sequence[type],
+        prog: str,
+        recipe: Recipe | None = None,
+        recipe_keys: Sequence[str] = ("model", "init_from"),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(prog, **kwargs)
+        self.dataclass_types = tuple(dataclass_types)
+        self.recipe = recipe
+        self.recipe_keys = tuple(recipe_keys)
+        for cls in self.dataclass_types:
+            group = self.add_argument_group(getattr(cls, "_argument_group_name", cls.__name__))
+            hints = typing.get_type_hints(cls)
+            for spec in dataclasses.fields(cls):
+                if spec.init and not spec.name.startswith("_"):
+                    names, options = field_argument(spec, hints[spec.name])
+                    group.add_argument(*names, **options)
+
+    def early_defaults(self, args: list[str]) -> dict[str, Any]:
+        """The recipe of the options it depends on (from the command line, else the file), with
+        the file's values over it."""
+        from_file = self.config_file_values(args)
+        if self.recipe is None:
+            return from_file
+        pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        actions = self.actions_by_name()
+        for key in (key for key in self.recipe_keys if key in actions):
+            pre.add_argument(*actions[key].option_strings, dest=key)
+        typed, _ = pre.parse_known_args(args)
+        early = {**from_file, **{k: v for k, v in vars(typed).items() if v is not None}}
+        recipe = self.converted(self.recipe(early), f"the {self.prog} recipe")
+        return {**recipe, **from_file}
+
+    def into_dataclasses(self, namespace: argparse.Namespace) -> tuple[Any, ...]:
+        values = vars(namespace)
+        return tuple(
+            cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.init})
+            for cls in self.dataclass_types
+        )
+
+    def resolved_options(self, namespace: argparse.Namespace) -> dict[str, Any]:
+        """The dataclasses' fields once they are built (and validated)."""
+        options = {}
+        for instance in self.into_dataclasses(namespace):
+            options |= {name: _plain(value) for name, value in dataclasses.asdict(instance).items()}
+        return options
+
+
+def field_argument(spec: dataclasses.Field, hint: Any) -> tuple[list[str], dict[str, Any]]:
+    """The option strings and add_argument keywords of one dataclass field."""
+    names = [f"--{spec.name.replace('_', '-')}", *spec.metadata.get("aliases", [])]
+    options: dict[str, Any] = {"dest": spec.name, "help": spec.metadata.get("help")}
+    if spec.default is not dataclasses.MISSING:
+        options["default"] = spec.default
+    elif spec.default_factory is not dataclasses.MISSING:
+        options["default"] = spec.default_factory()
+    else:
+        options["required"] = True
+    base = _without_none(hint)
+    if base is bool:
+        options["action"] = BooleanFlag
+        options.setdefault("default", None)
+        return names, options
+    if typing.get_origin(base) is list:
+        options["nargs"] = "+"
+        base = typing.get_args(base)[0]
+    options["type"] = base
+    if "choices" in spec.metadata:
+        options["choices"] = spec.metadata["choices"]
+    return names, options
+
+
+def _without_none(hint: Any) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        rest = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return rest[0] if len(rest) == 1 else hint
+    return hint
+
+
+def parse_args(
+    dataclass_types: tuple[type, ...],
+    argv: list[str] | None,
+    prog: str,
+    description: str,
+    defaults: dict[str, Any] | None = None,
+    epilog: str | None = None,
+    recipe: Recipe | None = None,
+) -> tuple[Any, ...]:
+    """Parse `argv` once into instances of `dataclass_types`. Each option's value comes from the
+    command line, else from `--config FILE`, else from `recipe` (the job's defaults for the
+    options it reads, e.g. the family's), else from `defaults`, else from its dataclass."""
+    parser = DataclassArgumentParser(
+        dataclass_types, prog, recipe=recipe, description=description, epilog=epilog
+    )
+    if defaults:
+        parser.apply_defaults(parser.converted(defaults, f"the {prog} defaults"))
+    return parser.into_dataclasses(parser.parse_args(argv))
+
+
+def option_aliases(dataclass_types: Sequence[type]) -> dict[str, str]:
+    """Other names of fields (`warmup_ratio` for `warmup_steps`), from their `aliases`."""
+    return {
+        alias.lstrip("-").replace("-", "_"): spec.name
+        for cls in dataclass_types
+        for spec in dataclasses.fields(cls)
+        for alias in spec.metadata.get("aliases", [])
+    }
+
+
+def arguments_from_options(
+    dataclass_types: tuple[type, ...],
+    options: dict[str, Any],
+    defaults: dict[str, Any] | None = None,
+) -> tuple[Any, ...]:
+    """The job's dataclasses from keyword arguments (the Python API of a command): each option
+    goes to the dataclass with that field (or an alias of it); `defaults` sit under `options`."""
+    aliases = option_aliases(dataclass_types)
+    values = {aliases.get(name, name): value for name, value in (defaults or {}).items()}
+    values |= {aliases.get(name, name): value for name, value in options.items()}
+    known = {f.name for cls in dataclass_types for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}"
+        )
+    return tuple(
+        cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
+        for cls in dataclass_types
+    )
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A flat mapping of option names to values from a .yaml/.yml/.json file."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"config file {path} is not a UTF-8 text file (byte {error.start}); pass a YAML or "
+            "JSON file"
+        ) from None
+    try:
+        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as error:
+        first_line = str(error).splitlines()[0]
+        raise ConfigError(f"config file {path} is not valid YAML/JSON: {first_line}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path} must be a mapping of option names to values")
+    return {str(key).replace("-", "_"): value for key, value in values.items()}
