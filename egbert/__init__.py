@@ -37,6 +37,7 @@ _EXPORTS = {
         "build_examples",
         "EVAL_METRICS",
     ],
+    "egbert.pretrain.prepared": ["prepare_corpus"],
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
     "egbert.quickstart": ["run_quickstart"],
     "egbert.evaluation": ["run_probe", "run_prompt_eval"],
