@@ -34,6 +34,7 @@ _EXPORTS = {
         "EVAL_METRICS",
     ],
     "egbert.embedding": ["embed", "load_model", "TokenEmbeddings", "EmbedOptions"],
+    "egbert.pretrain.prepared": ["prepare_corpus"],
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
     "egbert.quickstart": [
         "run_quickstart",

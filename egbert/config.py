@@ -201,7 +201,17 @@ class PretrainArguments:
     model: str = field(
         metadata={"help": "model family to pretrain", "choices": list(MODEL_FAMILIES)}
     )
-    tokenizer: str = field(metadata={"help": "tokenizer directory (egbert tokenizer train)"})
+    tokenizer: str | None = field(
+        default=None,
+        metadata={"help": "tokenizer directory (egbert tokenizer train); with --data: its own"},
+    )
+    data: str | None = field(
+        default=None,
+        metadata={
+            "help": "train from a folder of `egbert prepare` (tokenized once) instead of "
+            "--train-files/--validation-files"
+        },
+    )
     train_files: list[str] = field(
         default_factory=list,
         metadata={
@@ -403,6 +413,21 @@ class PretrainArguments:
                 "--num-proc tokenizes a cached data set in parallel; a stream is tokenized as "
                 "it is read, by each training process: drop --num-proc (or launch more processes)"
             )
+
+
+@dataclass
+class PrepareArguments:
+    """Where `egbert prepare` writes its folder (what it prepares: `PretrainArguments`)."""
+
+    _argument_group_name = "prepared folder"
+
+    output_dir: str = field(
+        metadata={"help": "the folder to write (if it exists: prepared with the same options)"}
+    )
+    seed: int = field(
+        default=TrainingArguments.seed,
+        metadata={"help": "bert: the seed of the sentence pairs and static masks"},
+    )
 
 
 @dataclass

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from accelerate.utils import set_seed
 from datasets import Dataset, IterableDataset, concatenate_datasets
+from torch.utils.data import Subset
 from transformers import PreTrainedModel
 
 from egbert.arguments import arguments_from_options, parse_args
@@ -49,7 +50,7 @@ from egbert.models.bert import (
 )
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
-from egbert.pretrain import collators, data, sources
+from egbert.pretrain import collators, data, prepared, sources
 from egbert.report import ModelCardInfo
 from egbert.runtime import check_trackers_installed
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
@@ -111,24 +112,32 @@ def pretraining_recipe(options: dict[str, Any]) -> dict[str, Any]:
 def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> TrainOutput:
     """Build tokenizer, data and model from the options, train, and return the trainer's result."""
     check_trackers_installed(training_args.report_to)  # before the data is tokenized
-    tokenizer = load_tokenizer(args.tokenizer)
+    folder = prepared.folder_for_run(args) if args.data else None  # refuses a mismatch
+    tokenizer = folder.tokenizer if folder else _tokenizer_of(args)
     set_seed(training_args.seed)  # the model's initial weights
     model, preset = build_model(args, tokenizer)
     check_vocab_matches(tokenizer, model.config.vocab_size, f"the {args.model} model")
-    train_documents, eval_documents = load_corpus(args, training_args.seed)
-    train_set, collator = examples_from_documents(
-        args, tokenizer, train_documents, training_args.seed
-    )
-    if args.shuffle_buffer:
-        train_set = train_set.shuffle(seed=training_args.seed, buffer_size=args.shuffle_buffer)
     eval_set, eval_collator = None, None
-    if eval_documents is not None:
-        # Its own collator: the eval masks stay those of epoch 0, so evaluations compare.
-        eval_set, eval_collator = examples_from_documents(
-            args, tokenizer, eval_documents, training_args.seed
+    if folder:  # tokenized once by `egbert prepare`: read from its memory-mapped shards
+        train_set = folder.examples("train")
+        collator = build_collator(args, tokenizer, training_args.seed)
+        if folder.has_split("validation"):
+            eval_set = folder.examples("validation")
+            eval_collator = build_collator(args, tokenizer, training_args.seed)
+    else:
+        train_documents, eval_documents = load_corpus(args, training_args.seed)
+        train_set, collator = examples_from_documents(
+            args, tokenizer, train_documents, training_args.seed
         )
-        if args.max_eval_samples is not None:
-            eval_set = first_examples(eval_set, args.max_eval_samples)
+        if args.shuffle_buffer:
+            train_set = train_set.shuffle(seed=training_args.seed, buffer_size=args.shuffle_buffer)
+        if eval_documents is not None:
+            # Its own collator: the eval masks stay those of epoch 0, so evaluations compare.
+            eval_set, eval_collator = examples_from_documents(
+                args, tokenizer, eval_documents, training_args.seed
+            )
+    if eval_set is not None and args.max_eval_samples is not None:
+        eval_set = first_examples(eval_set, args.max_eval_samples)
     batch_metrics, finalize_metrics = EVAL_METRICS["rtd" if args.objective == "rtd" else args.model]
     trainer = Trainer(
         model,
@@ -280,14 +289,25 @@ def examples_from_documents(
     args: PretrainArguments, tokenizer, documents: Documents, seed: int
 ) -> tuple[Dataset | IterableDataset, Any]:
     """Documents -> token ids -> this family's examples, and the collator for them."""
+    tokenized = tokenize_for_family(args, tokenizer, documents)
+    examples = examples_from_tokens(args, tokenizer, tokenized, seed)
+    return examples, build_collator(args, tokenizer, seed)
+
+
+def tokenize_for_family(args: PretrainArguments, tokenizer, documents: Documents) -> Documents:
+    """Documents -> token ids (one row per document: its sentences' ids for bert)."""
     _check_special_tokens(args, tokenizer)
-    tokenized = data.tokenize_documents(
+    return data.tokenize_documents(
         documents, tokenizer, split_sentences=args.model == "bert", num_proc=args.num_proc
     )
+
+
+def examples_from_tokens(
+    args: PretrainArguments, tokenizer, tokenized: Documents, seed: int
+) -> Dataset | IterableDataset:
+    """Tokenized documents -> this family's examples (before the collator's dynamic masking)."""
     if args.model != "bert":
-        return data.pack_blocks(tokenized, args.seq_len, tokenizer.eos_token_id), (
-            collators.CausalLMCollator(tokenizer)
-        )
+        return data.pack_blocks(tokenized, args.seq_len, tokenizer.eos_token_id)
     ids = {"cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id}
     if args.nsp:
         examples = data.build_nsp_examples(
@@ -312,19 +332,33 @@ def examples_from_documents(
             seed=seed,
             num_proc=args.num_proc,
         )
-    collator = collators.MLMCollator(
+    return examples
+
+
+def build_collator(args: PretrainArguments, tokenizer, seed: int) -> Any:
+    """The family's collator: batches, and masks bert's examples anew each epoch."""
+    if args.model != "bert":
+        return collators.CausalLMCollator(tokenizer)
+    return collators.MLMCollator(
         tokenizer,
         mlm_probability=args.mlm_probability,
         whole_word_mask=args.whole_word_mask,
         seed=seed,
     )
-    return examples, collator
 
 
 def first_examples(examples: Dataset | IterableDataset, count: int) -> Dataset | IterableDataset:
     if isinstance(examples, IterableDataset):
         return examples.take(count)
-    return examples.select(range(min(count, len(examples))))
+    if isinstance(examples, Dataset):
+        return examples.select(range(min(count, len(examples))))
+    return Subset(examples, range(min(count, len(examples))))  # a prepared folder's examples
+
+
+def _tokenizer_of(args: PretrainArguments):
+    if args.tokenizer is None:
+        raise ConfigError("pass --tokenizer DIR, or --data DIR (a folder from `egbert prepare`)")
+    return load_tokenizer(args.tokenizer)
 
 
 def _check_special_tokens(args: PretrainArguments, tokenizer) -> None:
@@ -350,7 +384,9 @@ def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> di
             "size": len(tokenizer),
             "vocab_sha256": hashlib.sha256(vocab.encode()).hexdigest()[:16],
         },
-        "data": {
+        "data": prepared.PreparedFolder(args.data).identity()
+        if args.data
+        else {
             "train_files": _file_identities(args.train_files),
             "validation_files": _file_identities(args.validation_files),
         },

@@ -1,0 +1,557 @@
+"""Prepared folders: a family's pretraining examples tokenized once, in memory-mapped shards.
+
+    egbert prepare --model gpt --tokenizer tok/ --train-files wiki.train.tokens \\
+        --validation-files wiki.valid.tokens --doc-boundary wikitext --output-dir data/wiki-gpt
+    egbert pretrain --model gpt --data data/wiki-gpt --output-dir runs/gpt --max-steps 1000
+
+or `egbert.prepare_corpus(model="gpt", tokenizer="tok/", ...)`. `prepare` takes pretrain's
+options (sources, tokenizer, family, sequence length, NSP and --dupe-factor) and builds the
+examples exactly as `egbert pretrain` builds them in memory, then stores them; every later run,
+on any machine, reads them from the folder and masks bert's examples per step as before.
+
+A folder holds:
+    manifest.json   what made the examples (tokenizer hash, family, seq_len, the options and
+                    sources), what they are (dtype, counts per split and shard), egbert's version
+    tokenizer/      the tokenizer the ids come from (save_pretrained)
+    train/, validation/   shards; shard k of a split is
+        k.input_ids.bin            the examples' ids end to end, uint16 when every id fits
+                                   (vocabulary <= 65,536), else uint32
+        k.offsets.npy              one more than examples: example i is
+                                   input_ids[offsets[i]:offsets[i + 1]] (uint32 while a shard
+                                   holds < 2**32 tokens, as it does unless one example is longer)
+        k.segment_b_start.npy      bert NSP: where segment B starts (token_type_ids 1 from there)
+        k.next_sentence_label.npy  bert NSP: int8, 0 IsNext, 1 NotNext
+        k.labels.bin               bert with --dupe-factor > 1: the static masks' labels (int32)
+Flat numpy arrays rather than Arrow: reading one example is a slice of a memory map (about a
+microsecond), the pages belong to the page cache rather than the process, and any tool can read
+them (`np.memmap(path, dtype)`). docs/data.md has the measurements.
+
+The tokenization runs in a `datasets` cache inside the folder being written, removed when the
+shards are done: nothing of the corpus stays in ~/.cache. The folder appears whole or not at all
+(written under a temporary name, then renamed).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from torch.utils.data import Dataset as TorchDataset
+
+from egbert import __version__
+from egbert.arguments import arguments_from_options, parse_args
+from egbert.config import PrepareArguments, PretrainArguments
+from egbert.errors import ConfigError, DataError
+from egbert.tokenizer import load_tokenizer
+
+FORMAT = "egbert-prepared/1"
+MANIFEST = "manifest.json"
+# Tokens per shard (200 MB of uint16 ids; an example longer than that gets a shard of its own):
+# files a user can copy and a loader can map one at a time.
+MAX_SHARD_TOKENS = 100_000_000
+WRITE_BATCH_EXAMPLES = 10_000
+# PretrainArguments fields that change neither the examples nor where they come from.
+NOT_DATA_OPTIONS = frozenset(
+    {
+        "preset",
+        "init_from",
+        "config_overrides",
+        "allow_pickle",
+        "max_eval_samples",
+        "objective",
+        "card_datasets",
+        "license",
+        "num_proc",
+        "data",
+        "tokenizer",
+    }
+)
+EXAMPLE_OPTIONS = frozenset(
+    {
+        "nsp",
+        "short_seq_prob",
+        "dupe_factor",
+        "mlm_probability",
+        "whole_word_mask",
+    }
+)
+
+DESCRIPTION = (
+    "Tokenize a corpus once into a folder of memory-mapped shards of a family's examples, for "
+    "`egbert pretrain --data DIR`. Takes pretrain's data, tokenizer, family and sequence options "
+    "(with the same family defaults); the options that shape only the model or the run (--preset, "
+    "--init-from, --config-overrides, --objective, --max-eval-samples, --card-datasets, "
+    "--license) are accepted, so that one --config file serves both commands, and ignored."
+)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def main(argv: list[str] | None = None) -> None:
+    manifest = prepare(*parse_prepare_args(argv))
+    train = manifest["splits"]["train"]
+    print(
+        f"egbert: {manifest['family']} examples in {manifest['folder']}: "
+        f"{train['examples']:,} for training ({train['tokens']:,} {manifest['dtype']} tokens "
+        f"from {train['documents']:,} documents)"
+        + (
+            f", {manifest['splits']['validation']['examples']:,} for validation"
+            if "validation" in manifest["splits"]
+            else ""
+        ),
+        flush=True,
+    )
+
+
+def prepare_corpus(**options: Any) -> dict[str, Any]:
+    """`egbert prepare` from Python: the keyword arguments are the command's options
+    (PretrainArguments fields such as model, tokenizer, train_files, seq_len, and output_dir,
+    seed); returns the folder's manifest (with "folder": its path)."""
+    return prepare(*prepare_arguments(**options))
+
+
+def prepare_arguments(**options: Any) -> tuple[PretrainArguments, PrepareArguments]:
+    """The options of `prepare_corpus` as its dataclasses, the family's recipe under them."""
+    types = (PretrainArguments, PrepareArguments)
+    return arguments_from_options(types, options, examples_recipe(options))
+
+
+def parse_prepare_args(argv: list[str] | None) -> tuple[PretrainArguments, PrepareArguments]:
+    """`egbert prepare`'s options: the command line over the --config file over the family's
+    pretraining recipe, parsed once."""
+    types = (PretrainArguments, PrepareArguments)
+    return parse_args(types, argv, "egbert prepare", DESCRIPTION, recipe=examples_recipe)
+
+
+def examples_recipe(options: dict[str, Any]) -> dict[str, Any]:
+    """The family's pretraining recipe, less the trainer's options (prepare builds examples)."""
+    # run.py reads prepared folders; importing it when called keeps the import one-way at load.
+    from egbert.pretrain.run import pretraining_recipe
+
+    known = {
+        name for cls in (PretrainArguments, PrepareArguments) for name in cls.__dataclass_fields__
+    }
+    return {k: v for k, v in pretraining_recipe(options).items() if k in known}
+
+
+def prepare(args: PretrainArguments, prepare_args: PrepareArguments) -> dict[str, Any]:
+    """Build the examples as `egbert pretrain` would and write them to `output_dir` (nothing
+    to do if it already holds them; an error naming what differs if it holds other ones)."""
+    from egbert.pretrain.run import (
+        _file_identities,
+        examples_from_tokens,
+        load_corpus,
+        tokenize_for_family,
+    )
+
+    _check_prepare_options(args)
+    tokenizer = load_tokenizer(args.tokenizer)
+    recipe = _recipe(args, prepare_args.seed, tokenizer, _file_identities)
+    target = Path(prepare_args.output_dir)
+    if target.exists():
+        return _existing(target, recipe)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(temporary, ignore_errors=True)  # left by a killed run of this process id
+    temporary.mkdir()
+    try:
+        dtype = token_dtype(len(tokenizer))
+        splits = {}
+        with _datasets_cache_in(temporary / "cache"):
+            train, validation = load_corpus(args, prepare_args.seed)
+            for split, documents in (("train", train), ("validation", validation)):
+                if documents is None:
+                    continue
+                tokenized = tokenize_for_family(args, tokenizer, documents)
+                examples = examples_from_tokens(args, tokenizer, tokenized, prepare_args.seed)
+                splits[split] = {
+                    **_corpus_counts(tokenized),
+                    **write_examples(examples, temporary / split, dtype),
+                }
+                del tokenized, examples, documents  # their cache files go with the cache folder
+            del train, validation
+        shutil.rmtree(temporary / "cache")
+        tokenizer.save_pretrained(temporary / "tokenizer")
+        manifest = {**recipe, "dtype": dtype.__name__, "splits": splits}
+        (temporary / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        temporary.rename(target)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return {**manifest, "folder": str(target)}
+
+
+def _check_prepare_options(args: PretrainArguments) -> None:
+    if args.data:
+        raise ConfigError("egbert prepare writes a folder: give --output-dir, not --data")
+    if args.streaming:
+        raise ConfigError(
+            "egbert prepare reads the corpus once through the `datasets` cache; leave out "
+            "--streaming (it is for `egbert pretrain` on corpora it reads as it trains)"
+        )
+    if args.tokenizer is None:
+        raise ConfigError("egbert prepare needs --tokenizer DIR (egbert tokenizer train)")
+
+
+def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
+    """uint16 when every id fits in two bytes (ids 0 .. vocab_size - 1), else uint32."""
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """sha256 of the files `save_pretrained` writes for the tokenizer (names and contents)."""
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        return _files_hash(Path(folder))
+
+
+def _files_hash(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def example_options(args: PretrainArguments, seed: int | None = None) -> dict[str, Any]:
+    """The options bert's examples depend on besides the corpus, the tokenizer, the family and
+    the sequence length (those that do not apply left out); with `seed` where the pairs or
+    static masks are drawn with it. gpt and elmo have none."""
+    if args.model != "bert":
+        return {}
+    options = {name: value for name, value in asdict(args).items() if name in EXAMPLE_OPTIONS}
+    if not args.nsp:
+        del options["short_seq_prob"]
+    if args.dupe_factor == 1:  # masks are then drawn per step, by the run
+        del options["mlm_probability"], options["whole_word_mask"]
+    if seed is not None and (args.nsp or args.dupe_factor > 1):
+        options["seed"] = seed
+    return options
+
+
+def _recipe(args: PretrainArguments, seed: int, tokenizer, file_identities) -> dict[str, Any]:
+    """The manifest's part that decides the examples: a second prepare compares it."""
+    sources = {
+        name: file_identities(value) if name.endswith("_files") else value
+        for name, value in asdict(args).items()
+        if name not in NOT_DATA_OPTIONS | EXAMPLE_OPTIONS | {"model", "seq_len"}
+    }
+    return {
+        "format": FORMAT,
+        "egbert_version": __version__,
+        "family": args.model,
+        "seq_len": args.seq_len,
+        "tokenizer": {"sha256": tokenizer_hash(tokenizer), "size": len(tokenizer)},
+        "options": example_options(args, seed),
+        "sources": sources,
+    }
+
+
+def _existing(target: Path, recipe: dict[str, Any]) -> dict[str, Any]:
+    manifest_path = target / MANIFEST
+    if not manifest_path.is_file():
+        raise ConfigError(
+            f"--output-dir {target} exists and is not a prepared folder (no {MANIFEST}); "
+            "choose a new folder"
+        )
+    manifest = read_manifest(target)
+    differences = _differences({k: manifest.get(k) for k in recipe}, recipe)
+    if differences:
+        raise ConfigError(
+            f"--output-dir {target} was prepared with other options ({'; '.join(differences)}); "
+            "choose a new folder or delete it"
+        )
+    print(f"egbert: {target} already holds these examples; nothing to do", flush=True)
+    return {**manifest, "folder": str(target)}
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """`key: old -> new` for each (nested) key whose value differs."""
+    found = []
+    for key in sorted(old.keys() | new.keys()):
+        before, after = old.get(key, "(unset)"), new.get(key, "(unset)")
+        if isinstance(before, dict) and isinstance(after, dict):
+            found += _differences(before, after, f"{prefix}{key}.")
+        elif before != after:
+            found.append(f"{prefix}{key}: {before} -> {after}")
+    return found
+
+
+@contextlib.contextmanager
+def _datasets_cache_in(folder: Path):
+    """Point `datasets`' cache (read when each data set is built) at `folder` for a while."""
+    saved = datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_DATASETS_CACHE = folder
+    try:
+        yield
+    finally:
+        datasets.config.HF_DATASETS_CACHE = saved
+
+
+def _corpus_counts(tokenized: datasets.Dataset) -> dict[str, int]:
+    segments = pc.list_flatten(tokenized.data.column("input_ids"))
+    tokens = pc.sum(pc.list_value_length(segments)).as_py() or 0
+    return {"documents": len(tokenized), "corpus_tokens": tokens}
+
+
+# ---------------------------------------------------------------- writing shards
+
+
+def write_examples(
+    examples: datasets.Dataset,
+    folder: Path,
+    dtype: type[np.unsignedinteger],
+    max_shard_tokens: int = MAX_SHARD_TOKENS,
+) -> dict[str, Any]:
+    """Write `examples` (input_ids, and token_type_ids / next_sentence_label / labels where
+    present) as shards in `folder`; returns the split's counts and its shards'."""
+    folder.mkdir(parents=True)
+    shards: list[dict[str, int]] = []
+    writer = None
+    for table in examples.with_format("arrow").iter(batch_size=WRITE_BATCH_EXAMPLES):
+        while table.num_rows:
+            if writer is None:
+                writer = _ShardWriter(folder, len(shards), dtype)
+            lengths = np.cumsum(pc.list_value_length(table.column("input_ids")).to_numpy())
+            fit = int(np.searchsorted(lengths, max_shard_tokens - writer.tokens, side="right"))
+            if fit == 0 and writer.tokens:  # the next example opens a new shard
+                shards.append(writer.close())
+                writer = None
+                continue
+            fit = max(fit, 1)  # an example longer than a shard gets one of its own
+            writer.add(table.slice(0, fit))
+            table = table.slice(fit)
+    if writer is not None:
+        shards.append(writer.close())
+    return {
+        "examples": sum(shard["examples"] for shard in shards),
+        "tokens": sum(shard["tokens"] for shard in shards),
+        "shards": shards,
+    }
+
+
+class _ShardWriter:
+    """One shard: appends batches of examples to its .bin files, writes the .npy at close."""
+
+    def __init__(self, folder: Path, index: int, dtype: type[np.unsignedinteger]) -> None:
+        self.prefix = folder / f"{index:05d}"
+        self.dtype = dtype
+        self.tokens = 0
+        self.lengths: list[np.ndarray] = []
+        self.per_example: dict[str, list[np.ndarray]] = {}
+        self.files: dict[str, Any] = {}
+
+    def add(self, table: pa.Table) -> None:
+        unknown = set(table.column_names) - {
+            "input_ids",
+            "token_type_ids",
+            "next_sentence_label",
+            "labels",
+        }
+        if unknown:
+            raise DataError(f"a prepared folder cannot hold the column(s) {sorted(unknown)}")
+        ids = table.column("input_ids").combine_chunks()
+        lengths = pc.list_value_length(ids).to_numpy().astype(np.int64)
+        self._append("input_ids", pc.list_flatten(ids).to_numpy().astype(self.dtype))
+        if "labels" in table.column_names:
+            labels = pc.list_flatten(table.column("labels").combine_chunks())
+            self._append("labels", labels.to_numpy().astype(np.int32))
+        if "token_type_ids" in table.column_names:
+            self._keep("segment_b_start", _segment_b_starts(table, lengths))
+        if "next_sentence_label" in table.column_names:
+            labels = table.column("next_sentence_label").to_numpy().astype(np.int8)
+            self._keep("next_sentence_label", labels)
+        self.lengths.append(lengths)
+        self.tokens += int(lengths.sum())
+
+    def _append(self, name: str, values: np.ndarray) -> None:
+        if name not in self.files:
+            self.files[name] = open(f"{self.prefix}.{name}.bin", "wb")  # noqa: SIM115
+        values.tofile(self.files[name])
+
+    def _keep(self, name: str, values: np.ndarray) -> None:
+        self.per_example.setdefault(name, []).append(values)
+
+    def close(self) -> dict[str, int]:
+        for handle in self.files.values():
+            handle.close()
+        lengths = np.concatenate(self.lengths)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        np.save(f"{self.prefix}.offsets.npy", _smallest_unsigned(offsets))
+        for name, parts in self.per_example.items():
+            np.save(f"{self.prefix}.{name}.npy", np.concatenate(parts))
+        return {"examples": len(lengths), "tokens": self.tokens}
+
+
+def _smallest_unsigned(values: np.ndarray) -> np.ndarray:
+    """`values` (>= 0) as uint16 or uint32 where they fit: the reader takes the .npy's dtype."""
+    for dtype in (np.uint16, np.uint32):
+        if values.max(initial=0) <= np.iinfo(dtype).max:
+            return values.astype(dtype)
+    return values.astype(np.int64)
+
+
+def _segment_b_starts(table: pa.Table, lengths: np.ndarray) -> np.ndarray:
+    """Where each example's token_type_ids turn from 0 to 1 (BERT pairs: 0 on [CLS] A [SEP],
+    1 on B [SEP]); refuses any other pattern, which one number could not give back."""
+    types = pc.list_flatten(table.column("token_type_ids").combine_chunks()).to_numpy()
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    b_starts = lengths - np.add.reduceat(types.astype(np.int64), starts)
+    position = np.arange(len(types)) - np.repeat(starts, lengths)
+    if not np.array_equal(types, position >= np.repeat(b_starts, lengths)):
+        raise DataError("token_type_ids that are not 0s then 1s cannot be stored")
+    return _smallest_unsigned(b_starts)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise DataError(
+            f"--data {folder}: no {MANIFEST} there; make the folder with `egbert prepare`"
+        )
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if manifest.get("format") != FORMAT:
+        raise DataError(
+            f"--data {folder}: format {manifest.get('format')!r}, this egbert reads {FORMAT!r}; "
+            "prepare the folder again"
+        )
+    return manifest
+
+
+class PreparedFolder:
+    """A folder of `egbert prepare`: its manifest, tokenizer and splits."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder)
+        self.tokenizer = None
+
+    def has_split(self, split: str) -> bool:
+        return split in self.manifest["splits"]
+
+    def examples(self, split: str) -> PreparedExamples:
+        return PreparedExamples(self.folder / split, self.manifest["splits"][split], self.dtype)
+
+    @property
+    def dtype(self) -> type[np.unsignedinteger]:
+        return np.dtype(self.manifest["dtype"]).type
+
+    def identity(self) -> dict[str, str]:
+        """What a resumed run must find again: the folder and its manifest's hash."""
+        manifest = (self.folder / MANIFEST).read_bytes()
+        return {
+            "prepared": str(self.folder.resolve()),
+            "manifest_sha256": hashlib.sha256(manifest).hexdigest()[:16],
+        }
+
+    def check_run(self, args: PretrainArguments) -> None:
+        """Refuse a run whose options would build other examples than the folder holds."""
+        given = [f"--{name.replace('_', '-')}" for name in ("train_files", "validation_files")]
+        if args.train_files or args.validation_files or args.dataset or args.streaming:
+            raise ConfigError(
+                f"--data {self.folder} holds the training and validation examples; leave out "
+                f"{', '.join(given)}, --dataset and --streaming"
+            )
+        if args.model != self.manifest["family"]:
+            raise ConfigError(
+                f"--data {self.folder} holds {self.manifest['family']} examples, not "
+                f"{args.model}; pass --model {self.manifest['family']} or prepare it again"
+            )
+        wanted = {"seq_len": args.seq_len, **example_options(args)}
+        held = {"seq_len": self.manifest["seq_len"]}
+        held |= {k: v for k, v in self.manifest["options"].items() if k != "seed"}
+        differences = [
+            f"{name} {held.get(name, '(unset)')} there, {wanted.get(name, '(unset)')} here"
+            for name in sorted(held.keys() | wanted.keys())
+            if held.get(name) != wanted.get(name)
+        ]
+        if differences:
+            raise ConfigError(
+                f"--data {self.folder} was prepared with other options ({'; '.join(differences)});"
+                " pass the folder's options or prepare it again"
+            )
+
+    def load_tokenizer(self, given: str | None):
+        """The folder's tokenizer; a --tokenizer given as well must be the same one."""
+        tokenizer = load_tokenizer(self.folder / "tokenizer")
+        expected = self.manifest["tokenizer"]["sha256"]
+        if given is not None and tokenizer_hash(load_tokenizer(given)) != expected:
+            raise ConfigError(
+                f"--tokenizer {given} is not the tokenizer {self.folder} was prepared with "
+                f"(sha256 {expected[:12]}...); leave --tokenizer out to use the folder's"
+            )
+        return tokenizer
+
+
+def folder_for_run(args: PretrainArguments) -> PreparedFolder:
+    """The --data folder of a pretraining run, checked against its options, with its
+    tokenizer loaded."""
+    folder = PreparedFolder(args.data)
+    folder.check_run(args)
+    folder.tokenizer = folder.load_tokenizer(args.tokenizer)
+    return folder
+
+
+class PreparedExamples(TorchDataset):
+    """A split of a prepared folder as a map-style dataset: example i is a dict of int64
+    arrays (input_ids, and token_type_ids / labels) and an int next_sentence_label, read from
+    memory-mapped shards opened on first use (in each loader worker: they are not pickled)."""
+
+    def __init__(self, folder: Path, split: dict[str, Any], dtype: type) -> None:
+        self.folder, self.dtype = folder, dtype
+        counts = [shard["examples"] for shard in split["shards"]]
+        self.starts = [0, *itertools.accumulate(counts)]
+        self._shards: dict[int, dict[str, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"example {index} of {len(self)}")
+        shard = bisect.bisect_right(self.starts, index) - 1
+        arrays = self._shard(shard)
+        local = index - self.starts[shard]
+        start, end = int(arrays["offsets"][local]), int(arrays["offsets"][local + 1])
+        example: dict[str, Any] = {"input_ids": arrays["input_ids"][start:end].astype(np.int64)}
+        if "labels" in arrays:
+            example["labels"] = arrays["labels"][start:end].astype(np.int64)
+        if "segment_b_start" in arrays:
+            token_type_ids = np.zeros(end - start, dtype=np.int64)
+            token_type_ids[int(arrays["segment_b_start"][local]) :] = 1
+            example["token_type_ids"] = token_type_ids
+        if "next_sentence_label" in arrays:
+            example["next_sentence_label"] = int(arrays["next_sentence_label"][local])
+        return example
+
+    def _shard(self, index: int) -> dict[str, np.ndarray]:
+        if index not in self._shards:
+            prefix = self.folder / f"{index:05d}"
+            arrays = {"input_ids": np.memmap(f"{prefix}.input_ids.bin", self.dtype, mode="r")}
+            if Path(f"{prefix}.labels.bin").is_file():
+                arrays["labels"] = np.memmap(f"{prefix}.labels.bin", np.int32, mode="r")
+            for name in ("offsets", "segment_b_start", "next_sentence_label"):
+                if Path(f"{prefix}.{name}.npy").is_file():
+                    arrays[name] = np.load(f"{prefix}.{name}.npy", mmap_mode="r")
+            # plain ndarray views of the same maps: indexing a np.memmap costs several times more
+            self._shards[index] = {name: array.view(np.ndarray) for name, array in arrays.items()}
+        return self._shards[index]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_shards": {}}

@@ -1,0 +1,285 @@
+"""Prepared folders (`egbert prepare`, `pretrain --data DIR`): the examples read back equal
+those pretrain builds in memory, the token dtype, refusals on a mismatch, two processes and a
+SIGKILL + resume from a folder."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_pretrain_run import _newest_checkpoint_epoch, split_records
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+import egbert
+from egbert.cli import main as cli_main
+from egbert.errors import ConfigError
+from egbert.pretrain.prepared import PreparedFolder, token_dtype, write_examples
+from egbert.pretrain.run import build_examples, pretrain_arguments
+
+pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
+
+
+@pytest.fixture(scope="module")
+def corpus(wikitext_slice: Path, tmp_path_factory) -> dict[str, Path]:
+    """600 lines of the slice to train on, the next 200 to validate on."""
+    folder = tmp_path_factory.mktemp("prepared-corpus")
+    lines = wikitext_slice.read_text(encoding="utf-8").splitlines(keepends=True)
+    (folder / "train.tokens").write_text("".join(lines[:600]), encoding="utf-8")
+    (folder / "valid.tokens").write_text("".join(lines[600:800]), encoding="utf-8")
+    return {"train": folder / "train.tokens", "valid": folder / "valid.tokens"}
+
+
+def options(family: str, tokenizer: Path, corpus: dict[str, Path], **extra) -> dict:
+    return {
+        "model": family,
+        "tokenizer": str(tokenizer),
+        "train_files": [str(corpus["train"])],
+        "validation_files": [str(corpus["valid"])],
+        "doc_boundary": "wikitext",
+        "seq_len": 32,
+        **extra,
+    }
+
+
+def as_lists(example: dict) -> dict:
+    return {name: np.asarray(value).tolist() for name, value in example.items()}
+
+
+@pytest.mark.parametrize(
+    ("family", "extra", "columns"),
+    [
+        ("bert", {}, {"input_ids", "token_type_ids", "next_sentence_label"}),
+        (
+            "bert",
+            {"nsp": False, "dupe_factor": 2, "whole_word_mask": True},
+            {"input_ids", "labels"},
+        ),
+        ("gpt", {}, {"input_ids"}),
+        ("elmo", {"seq_len": 24}, {"input_ids"}),
+    ],
+    ids=["bert-nsp", "bert-static-masks", "gpt", "elmo"],
+)
+def test_prepared_examples_equal_those_built_in_memory(
+    family, extra, columns, corpus, tiny_tokenizer_dir, tmp_path
+):
+    run_options = options(family, tiny_tokenizer_dir, corpus, **extra)
+    manifest = egbert.prepare_corpus(**run_options, output_dir=str(tmp_path / "folder"), seed=7)
+    folder = PreparedFolder(tmp_path / "folder")
+    args, _ = pretrain_arguments(**run_options, output_dir=str(tmp_path / "unused"))
+    tokenizer = folder.load_tokenizer(str(tiny_tokenizer_dir))  # the same tokenizer: accepted
+    for split, files in (("train", args.train_files), ("validation", args.validation_files)):
+        in_memory, _ = build_examples(args, tokenizer, files, seed=7)
+        read_back = folder.examples(split)
+        assert len(read_back) == len(in_memory) == manifest["splits"][split]["examples"] > 10
+        for index in range(len(in_memory)):
+            example = as_lists(read_back[index])
+            assert set(example) == columns
+            assert example == {name: in_memory[index][name] for name in columns}, index
+        tokens = sum(len(example["input_ids"]) for example in in_memory)
+        assert manifest["splits"][split]["tokens"] == tokens
+    assert manifest["dtype"] == "uint16" and manifest["family"] == family
+    assert manifest["splits"]["train"]["documents"] > 1
+    files = {path.name for path in (tmp_path / "folder" / "train").iterdir()}
+    assert ("00000.segment_b_start.npy" in files) == ("token_type_ids" in columns)
+    assert ("00000.labels.bin" in files) == ("labels" in columns)
+    ids = np.fromfile(tmp_path / "folder/train/00000.input_ids.bin", dtype=np.uint16)
+    assert len(ids) == manifest["splits"]["train"]["tokens"]  # two bytes a token, no more
+
+
+def test_shards_split_a_large_split_and_read_back_in_order(tmp_path):
+    from datasets import Dataset
+
+    rows = [list(range(i, i + 1 + i % 5)) for i in range(300)]
+    written = write_examples(
+        Dataset.from_dict({"input_ids": rows}), tmp_path / "train", np.uint16, 100
+    )
+    tokens = [shard["tokens"] for shard in written["shards"]]
+    assert len(tokens) == 10 and all(95 < count <= 100 for count in tokens[:-1])
+    assert written["examples"] == 300 and written["tokens"] == 900
+    folder = tmp_path / "train"
+    from egbert.pretrain.prepared import PreparedExamples
+
+    examples = PreparedExamples(folder, written, np.uint16)
+    assert [examples[i]["input_ids"].tolist() for i in range(300)] == rows
+    with pytest.raises(IndexError):
+        examples[300]
+
+
+def test_token_dtype_is_uint16_while_every_id_fits():
+    assert token_dtype(1000) is np.uint16
+    assert token_dtype(2**16) is np.uint16  # ids 0 .. 65,535
+    assert token_dtype(2**16 + 1) is np.uint32
+
+
+def test_a_vocabulary_over_65536_is_stored_as_uint32(corpus, tmp_path):
+    # A word-level tokenizer whose corpus words all have ids above 65,535.
+    words = sorted(set(corpus["train"].read_text(encoding="utf-8").split()))
+    vocab = {"[UNK]": 0, "<eos>": 1} | {f"filler{i}": i + 2 for i in range(70_000)}
+    vocab |= {word: 70_002 + index for index, word in enumerate(words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    tokenizer.add_special_tokens({"eos_token": "<eos>"})
+    tokenizer.save_pretrained(tmp_path / "big-tokenizer")
+    run_options = options("gpt", tmp_path / "big-tokenizer", corpus)
+    manifest = egbert.prepare_corpus(**run_options, output_dir=str(tmp_path / "folder"))
+    assert manifest["dtype"] == "uint32"
+    args, _ = pretrain_arguments(**run_options, output_dir=str(tmp_path / "unused"))
+    in_memory, _ = build_examples(args, tokenizer, args.train_files, seed=0)
+    read_back = PreparedFolder(tmp_path / "folder").examples("train")
+    assert max(max(example["input_ids"]) for example in in_memory) > 2**16
+    assert [read_back[i]["input_ids"].tolist() for i in range(len(read_back))] == [
+        example["input_ids"] for example in in_memory
+    ]
+
+
+def _one_line_error(argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(argv)
+    message = str(exit_info.value.code)
+    assert message.startswith(f"egbert {argv[0]}: error: ") and "\n" not in message, message
+    return message
+
+
+def test_prepare_again_is_a_no_op_and_other_options_are_refused(
+    corpus, tiny_tokenizer_dir, tmp_path, capsys
+):
+    folder = tmp_path / "gpt"
+    argv = ["prepare", "--model", "gpt", "--tokenizer", str(tiny_tokenizer_dir)]
+    argv += ["--train-files", str(corpus["train"]), "--seq-len", "32"]
+    argv += ["--output-dir", str(folder)]
+    cli_main(argv)
+    assert "for training" in capsys.readouterr().out
+    written = {path: path.stat().st_mtime_ns for path in folder.rglob("*")}
+    cli_main(argv)
+    assert "nothing to do" in capsys.readouterr().out
+    assert {path: path.stat().st_mtime_ns for path in folder.rglob("*")} == written
+    message = _one_line_error([*argv, "--doc-boundary", "line"])
+    assert "doc_boundary: blank -> line" in message
+    assert [path.name for path in tmp_path.iterdir()] == ["gpt"]  # no temporary folder left
+    assert "not a prepared folder" in _one_line_error([*argv[:-1], str(corpus["train"].parent)])
+
+
+def test_pretrain_refuses_a_folder_of_other_options(corpus, tiny_tokenizer_dir, tmp_path):
+    folder = tmp_path / "bert"
+    egbert.prepare_corpus(**options("bert", tiny_tokenizer_dir, corpus), output_dir=str(folder))
+    argv = ["pretrain", "--model", "bert", "--data", str(folder), "--seq-len", "32"]
+    argv += ["--output-dir", str(tmp_path / "run"), "--max-steps", "1", "--report-to", "none"]
+    assert "seq_len 32 there, 48 here" in _one_line_error([*argv, "--seq-len", "48"])
+    assert "short_seq_prob 0.1 there, 0.2 here" in _one_line_error(
+        [*argv, "--short-seq-prob", "0.2"]
+    )
+    gpt = [*argv[:2], "gpt", *argv[3:]]
+    assert "holds bert examples, not gpt" in _one_line_error(gpt)
+    other = tmp_path / "other-tokenizer"
+    egbert.train_tokenizer([corpus["valid"]], kind="wordpiece", vocab_size=500, out_dir=other)
+    message = _one_line_error([*argv, "--tokenizer", str(other)])
+    assert "is not the tokenizer" in message
+    message = _one_line_error([*argv, "--train-files", str(corpus["train"])])
+    assert "leave out --train-files" in message
+    assert "no manifest.json" in _one_line_error([*argv, "--data", str(tmp_path)])
+    assert not (tmp_path / "run").exists()
+
+
+def test_pretrain_from_a_folder_equals_pretrain_from_the_files(
+    corpus, tiny_tokenizer_dir, tmp_path
+):
+    """bert with NSP, validation and max-eval-samples: the same losses and weights."""
+    common = {"max_steps": 4, "eval_every": 2, "max_eval_samples": 16, "batch_size": 4}
+    common |= {"report_to": "none", "seed": 5}
+    run_options = options("bert", tiny_tokenizer_dir, corpus)
+    egbert.run_pretraining(**run_options, **common, output_dir=str(tmp_path / "files"))
+    egbert.prepare_corpus(**run_options, output_dir=str(tmp_path / "folder"), seed=5)
+    data_options = {"model": "bert", "seq_len": 32, "data": str(tmp_path / "folder")}
+    egbert.run_pretraining(**data_options, **common, output_dir=str(tmp_path / "prepared"))
+    for split in ("train", "eval"):
+        from_files = split_records(tmp_path / "files", split)
+        from_folder = split_records(tmp_path / "prepared", split)
+        assert len(from_folder) == len(from_files) > 0
+        for a, b in zip(from_files, from_folder, strict=True):
+            compared = [name for name in a if name.endswith(("loss", "accuracy", "step"))]
+            assert len(compared) >= 3
+            assert [b[name] for name in compared] == pytest.approx([a[name] for name in compared])
+    first = load_file(tmp_path / "files/model/model.safetensors")
+    second = load_file(tmp_path / "prepared/model/model.safetensors")
+    for name, tensor in first.items():
+        torch.testing.assert_close(second[name], tensor, atol=1e-6, rtol=0)
+
+
+def test_two_processes_on_a_folder_match_one_process_with_double_batch(
+    corpus, tiny_tokenizer_dir, tmp_path, subprocess_env
+):
+    # Two CPU processes (gloo) started fresh by torchrun, on the CPU even where a GPU is there
+    # (both would share it).
+    folder = tmp_path / "gpt"
+    egbert.prepare_corpus(**options("gpt", tiny_tokenizer_dir, corpus), output_dir=str(folder))
+    argv = ["pretrain", "--model", "gpt", "--data", str(folder), "--seq-len", "32", "--use-cpu"]
+    argv += ["--max-steps", "4", "--log-every", "1", "--report-to", "none"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    command += ["2", "-m", "egbert.cli", *argv, "--batch-size", "4"]
+    command += ["--output-dir", str(tmp_path / "two")]
+    env = {**subprocess_env, "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    cli_main([*argv, "--batch-size", "8", "--output-dir", str(tmp_path / "one")])
+    losses = {
+        run: [record["loss"] for record in split_records(tmp_path / run, "train")]
+        for run in ("one", "two")
+    }
+    assert len(losses["two"]) == 4
+    assert losses["two"] == pytest.approx(losses["one"], abs=1e-5)
+
+
+def test_sigkill_then_resume_from_a_folder_equals_a_clean_run(
+    corpus, tiny_tokenizer_dir, tmp_path, subprocess_env
+):
+    """bert with NSP and dynamic masking from a prepared folder: killed after a checkpoint in
+    epoch 1 and resumed, it ends with the clean run's weights; a changed folder is refused."""
+    short = tmp_path / "short.tokens"
+    short.write_text("".join(corpus["train"].read_text().splitlines(True)[:80]))
+    short_corpus = {"train": short, "valid": corpus["valid"]}
+    folder = tmp_path / "folder"
+    prepare_options = options("bert", tiny_tokenizer_dir, short_corpus, validation_files=[])
+    egbert.prepare_corpus(**prepare_options, output_dir=str(folder))
+    argv = ["pretrain", "--model", "bert", "--data", str(folder), "--seq-len", "32"]
+    argv += ["--batch-size", "8", "--epochs", "3", "--save-every", "3", "--log-every", "1"]
+    argv += ["--report-to", "none"]
+    cli_main([*argv, "--output-dir", str(tmp_path / "clean")])
+
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "egbert.cli", *argv, "--output-dir", str(out), "--resume"]
+    process = subprocess.Popen(
+        command, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + 120
+    while _newest_checkpoint_epoch(out) < 1:
+        assert process.poll() is None, process.stdout.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "no checkpoint in epoch 1 after 120 s"
+        time.sleep(0.005)
+    process.kill()
+    process.wait()
+    assert process.returncode == -signal.SIGKILL and not (out / "model").exists()
+    resumed = subprocess.run(command, env=subprocess_env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout
+    clean = load_file(tmp_path / "clean/model/model.safetensors")
+    weights = load_file(out / "model/model.safetensors")
+    for name, tensor in clean.items():
+        torch.testing.assert_close(weights[name], tensor, atol=1e-6, rtol=0)
+
+    # the same folder name with other contents: a resumed run refuses it
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "egbert_version": "0.0.9"}))
+    with pytest.raises(ConfigError, match=r"data.manifest_sha256"):
+        egbert.run_pretraining(
+            model="bert", data=str(folder), seq_len=32, output_dir=str(out), resume=True
+        )
