@@ -28,6 +28,7 @@ from .layers import (
     check_transformer_config,
     init_transformer_weights,
     self_attention_mask,
+    training_flops_per_token,
 )
 
 
@@ -191,6 +192,10 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
         self.lm_head = value
 
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per input token (layers.training_flops_per_token)."""
+        return training_flops_per_token(self, seq_len, 1.0, self.config.num_hidden_layers)
+
     def forward(
         self,
         input_ids: torch.Tensor,
