@@ -73,6 +73,10 @@ from egbert.runtime import (
 # Errors of writing files: a full disk or quota, a read-only or forbidden output directory.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 
+# torch._dynamo settings of --compile: bert's sparse MLM head selects the masked positions
+# (a size known only from the data) and elmo runs nn.LSTM, both graph breaks without these.
+COMPILE_SETTINGS = {"capture_dynamic_output_shape_ops": True, "allow_rnn": True}
+
 # (batch, outputs) -> {metric name: (sum, count)}: summed over batches and processes, reported
 # as sum / count. Lets a job add accuracies to the eval loss without the trainer knowing them.
 BatchMetrics = Callable[[dict[str, Any], Any], dict[str, tuple[float, float]]]
@@ -369,6 +373,8 @@ class Trainer:
             # OptimizedModule wrapper, so no `_orig_mod.` in any saved name, and unwrapping gives
             # the model itself. Accelerate's dynamo plugin wraps it, and its save_state saves
             # the wrapper's names.
+            for name, value in COMPILE_SETTINGS.items():
+                setattr(torch._dynamo.config, name, value)
             self.model.compile(mode=None if args.compile_mode == "default" else args.compile_mode)
         if eval_dataset is not None and not isinstance(eval_dataset, dict):
             eval_dataset = {"": eval_dataset}
