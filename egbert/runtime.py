@@ -148,16 +148,22 @@ def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:
     """The run's Accelerator: the device (the CPU when none is there or --use-cpu), the precision
     (--bf16, else the launch config's), the seedable sampler and the trackers of --report-to."""
     trackers = [name for name in args.report_to if name != "none"]
+    on_cpu = args.use_cpu or not has_accelerator()
     accelerator = Accelerator(
         # On a machine without GPUs, cpu=True is what makes Accelerate run data-parallel under
         # torchrun (MULTI_CPU, gloo); without it every process trains alone.
-        cpu=args.use_cpu or not has_accelerator(),
+        cpu=on_cpu,
         # None: the launch config's (ACCELERATE_MIXED_PRECISION), else fp32
         mixed_precision=None if args.bf16 is None else ("bf16" if args.bf16 else "no"),
         # We step the scheduler once per optimizer update ourselves; Accelerate would step it
         # num_processes times per update.
         step_scheduler_with_optimizer=False,
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
+        dataloader_config=DataLoaderConfiguration(
+            use_seedable_sampler=True,
+            data_seed=args.seed,
+            # a blocking copy of the next batch would wait for the step queued before it
+            non_blocking=not on_cpu,
+        ),
         log_with=trackers or None,
         project_dir=str(output_dir / "logs"),
         kwargs_handlers=[

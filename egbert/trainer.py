@@ -30,6 +30,7 @@ batch size is per process and every process reports the loss averaged over all o
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import math
 import os
@@ -172,7 +173,11 @@ class StepNumbers:
         device: torch.device,
     ) -> None:
         def on_device(value: torch.Tensor | float) -> torch.Tensor:
-            return torch.as_tensor(value, device=device).to(torch.float64)
+            if torch.is_tensor(value):
+                return value.to(torch.float64)
+            # a host number added to a device zero: a kernel argument, where torch.tensor(value,
+            # device=...) would copy it over and wait for the copy
+            return torch.zeros((), dtype=torch.float64, device=device) + value
 
         self.tokens = on_device(tokens)
         self.timed = torch.stack([self.tokens, on_device(flops)])  # tokens, FLOPs of tokens/s
@@ -221,6 +226,8 @@ def train_loader(
         "batch_size": args.batch_size,
         "collate_fn": collator,
         "num_workers": loader_workers(args, device),
+        # pinned batches let Accelerate copy them to the GPU without waiting for the step before
+        "pin_memory": device.type == "cuda",
         # The loader draws its workers' base seed from this generator, not the global RNG,
         # which must advance only with the model's own random ops (dropout) for exact resume.
         "generator": torch.Generator().manual_seed(args.seed),
@@ -363,7 +370,8 @@ class Trainer:
             betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_epsilon,
         )
-        self.flops_per_token = flops_per_token or default_flops_per_token(model)
+        count = flops_per_token or default_flops_per_token(model)
+        self.flops_per_token = None if count is None else functools.cache(count)
         loader = train_loader(train_dataset, args, data_collator, self.accelerator.device)
         self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
             model, optimizer, loader
@@ -738,6 +746,7 @@ class Trainer:
             batch_size=self.args.batch_size,
             collate_fn=self.eval_collator,
             num_workers=loader_workers(self.args, self.accelerator.device),
+            pin_memory=self.accelerator.device.type == "cuda",
             generator=torch.Generator().manual_seed(self.args.seed),
         )
         return self.accelerator.prepare(loader)

@@ -13,7 +13,9 @@
 # It prints one summary table (also OUTPUT_DIR/summary.md): each row's tokens/s and MFU, the
 # reference's, the ratio, and `egbert pretrain` against the bench's own loop of the same model.
 # GPU_PERF_TINY=1 shrinks every row (tiny preset, short runs) to try the script on a CPU;
-# GPU_PERF_COMPILE=0 leaves torch.compile out. EGBERT_DATA must point at the shared data.
+# GPU_PERF_COMPILE=0 leaves torch.compile out; GPU_PERF_COMPILE_MODE=max-autotune-no-cudagraphs
+# (or another --compile-mode) compiles `egbert pretrain`'s rows in that mode, to choose the
+# default by measurement. EGBERT_DATA must point at the shared data.
 # Record the table in docs/performance.md with the date, device and commit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +28,7 @@ corpus=$EGBERT_DATA/corpus/wikitext-2/wiki.train.tokens
 rm -rf "$out" && mkdir -p "$out"
 
 device=$($python -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
-compile=(--compile)
+compile=(--compile --compile-mode "${GPU_PERF_COMPILE_MODE:-default}")
 bench_compile=(--compile-only)
 if [ "${GPU_PERF_COMPILE:-1}" = 0 ]; then compile=(); bench_compile=(); fi
 if [ "${GPU_PERF_TINY:-0}" = 1 ]; then
