@@ -671,11 +671,12 @@ class Trainer:
         logging = state.step % args.log_every == 0 or self._finished()
         if logging or self._evaluating_or_saving() or self._signal_seen_here():
             self._agree_on_pending_steps()
+        # The clock runs on from the backward pass, so the update just made (and the wait for the
+        # device in agreeing) counts at the next step; logging (and the matmul peak measured for
+        # the first record), evaluation and saving do not count as training time.
+        paused_at = time.perf_counter()
         if self._window.steps and (logging or self._finished()):
             self._log_training(progress)
-        # The clock runs on from the backward pass, so the update just made counts at the next
-        # step; evaluation and saving do not count as training time.
-        paused_at = time.perf_counter()
         if args.eval_every and state.step % args.eval_every == 0 and self.eval_sets:
             self._evaluate_and_track()
         if args.save_every and state.step % args.save_every == 0 and not self._finished():

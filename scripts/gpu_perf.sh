@@ -69,7 +69,7 @@ pretrain bert 128 "$bert_batch" --mlm-probability 0.15 --config-overrides "$drop
 bench bert 128 "$bert_batch" "${bench_compile[@]}" --dropout 0 --no-memory --sparse-mlm-only
 bench elmo 64 "$elmo_batch" --dropout 0
 
-$python - "$out" "$device" <<'EOF' | tee "$out/summary.md"
+$python - "$out" "$device" "$gpt_seq" <<'EOF' | tee "$out/summary.md"
 """One table from the runs' files: egbert pretrain's log, the bench rows."""
 import json, statistics, subprocess, sys
 from pathlib import Path
@@ -107,7 +107,8 @@ def bench_row(family):
     return rows[-1] if rows else None
 
 
-for family, name in (("gpt", "gpt seq 1024"), ("bert", "bert NSP seq 128"), ("elmo", "elmo")):
+names = {"gpt": f"gpt seq {sys.argv[3]}", "bert": "bert NSP seq 128", "elmo": "elmo seq 64"}
+for family, name in names.items():
     bench = bench_row(family)
     if bench is not None:
         print(
