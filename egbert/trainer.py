@@ -194,7 +194,7 @@ class PendingSteps:
         self.totals: torch.Tensor | None = None  # (tokens, timed tokens, FLOPs)
         self.losses: dict[str, torch.Tensor] = {}
         self.first_nonfinite: torch.Tensor | None = None
-        self.places: dict[int, tuple[int, int, int]] = {}
+        self.places: list[tuple[int, int, int]] = []
 
     def add(self, step: StepNumbers, place: tuple[int, int, int]) -> None:
         totals = torch.cat([step.tokens.reshape(1), step.timed])
@@ -207,7 +207,7 @@ class PendingSteps:
             self.totals = self.totals + totals
             self.losses = {name: self.losses[name] + step.losses[name] for name in self.losses}
             self.first_nonfinite = torch.minimum(self.first_nonfinite, nonfinite)
-        self.places[len(self.places)] = place
+        self.places.append(place)
         self.steps += 1
 
 
