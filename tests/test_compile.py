@@ -111,5 +111,5 @@ def test_compile_trains_saves_plain_names_and_resumes(
     train = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [record for record in train if record["split"] == "train"]
     assert [record["step"] for record in train] == [2, 4, 6]
-    assert all(record["tokens_per_s"] > 0 and 0 < record["mfu"] < 1 for record in train)
+    assert all(record["tokens_per_s"] > 0 and record["mfu"] > 0 for record in train)
     assert files_naming(out, b"_orig_mod") == []
