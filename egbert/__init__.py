@@ -70,7 +70,7 @@ _EXPORTS = {
     "egbert.report": ["read_train_results"],
     "egbert.checkpoints": ["load_pretrained", "read_model_config", "checkpoints_in"],
     "egbert.optimization": ["adamw"],
-    "egbert.runtime": ["bf16_pays_off", "matmul_gflops", "training_device"],
+    "egbert.runtime": ["bf16_pays_off", "matmul_gflops", "matmul_peak_flops", "training_device"],
     "egbert.finetune.metrics": [
         "compute_task_metrics",
         "glue_score",

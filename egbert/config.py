@@ -25,6 +25,8 @@ from egbert.models.heads import CLASSIFIER_FEATURES, CLASSIFIER_POOLS
 
 MODEL_FAMILIES = ("bert", "gpt", "elmo")
 SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
+# torch.compile's modes (torch.compile's docs); "default" is what --compile uses unless told
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # `--report-to`: Accelerate's trackers by name, or none
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "none")
 BERT_OBJECTIVES = ("mlm", "rtd")
@@ -128,7 +130,26 @@ class TrainingArguments:
         default=None,
         metadata={"help": "direction of --metric-for-best-model (default: loss-like lower)"},
     )
-    num_workers: int = field(default=0, metadata={"help": "data loader worker processes"})
+    num_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "data loader worker processes that collate the batches (default: 2 on a GPU, "
+            "where collating beside the step pays; 0 on the CPU, where workers take cores from "
+            "the step: docs/performance.md)"
+        },
+    )
+    compile: bool = field(
+        default=False,
+        metadata={
+            "help": "torch.compile the model; its compile time is logged apart and left out of "
+            "tokens/s and MFU (on the CPU it has not paid: the bench's compiled mini bert ran "
+            "23% slower than eager, docs/performance.md)"
+        },
+    )
+    compile_mode: str = field(
+        default="default",
+        metadata={"help": "torch.compile's mode with --compile", "choices": list(COMPILE_MODES)},
+    )
     use_cpu: bool = field(default=False, metadata={"help": "train on CPU even if a GPU is there"})
     ddp_find_unused_parameters: bool = field(
         default=False, metadata={"help": "DDP: allow parameters that get no gradient"}
@@ -154,7 +175,7 @@ class TrainingArguments:
             "eval_every": self.eval_every,
             "save_every": self.save_every,
             "skip_nonfinite": self.skip_nonfinite,
-            "num_workers": self.num_workers,
+            "num_workers": self.num_workers or 0,
         }
         for name, value in non_negative.items():
             if value < 0:
@@ -164,6 +185,10 @@ class TrainingArguments:
             raise ConfigError(
                 f"--report-to {' '.join(self.report_to)}: give one or more of "
                 f"{', '.join(TRACKERS[:-1])}, or none"
+            )
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError(
+                f"unknown --compile-mode {self.compile_mode!r}; use one of {COMPILE_MODES}"
             )
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"unknown --schedule {self.schedule!r}; use one of {SCHEDULES}")

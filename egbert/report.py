@@ -86,28 +86,43 @@ class RunLog:
 
 class LossWindow:
     """What the next training log record averages: the losses of the steps since the last one
-    (by name: loss, mlm_loss, ...) and the tokens they trained on, for tokens/s."""
+    (by name: loss, mlm_loss, ...), and the tokens and model FLOPs of its timed steps, for
+    tokens/s and MFU."""
 
     def __init__(self, start_seconds: float) -> None:
         self.sums: dict[str, float] = {}
-        self.steps, self.tokens, self.start = 0, 0, start_seconds
+        self.steps, self.tokens, self.flops, self.start = 0, 0.0, 0.0, start_seconds
 
-    def add(self, losses: dict[str, float], tokens: int) -> None:
-        for name, value in losses.items():
+    def add(self, loss_sums: dict[str, float], steps: int, tokens: float, flops: float) -> None:
+        """`steps` more steps: their losses summed, their timed tokens and FLOPs."""
+        for name, value in loss_sums.items():
             self.sums[name] = self.sums.get(name, 0.0) + value
-        self.steps += 1
+        self.steps += steps
         self.tokens += tokens
+        self.flops += flops
 
-    def record(self, step: int, epoch: int, lr: float, elapsed_seconds: float) -> dict[str, Any]:
-        """The log record of the window, which ends at `elapsed_seconds` of training."""
-        return {
+    def record(
+        self,
+        step: int,
+        epoch: int,
+        lr: float,
+        elapsed_seconds: float,
+        peak_flops: float | None = None,
+    ) -> dict[str, Any]:
+        """The log record of the window, which ends at `elapsed_seconds` of training; with the
+        matmul peak of all processes (FLOP/s), its MFU: model FLOPs per second over the peak."""
+        seconds = max(elapsed_seconds - self.start, 1e-9)
+        record = {
             "step": step,
             "epoch": epoch,
             **{name: total / self.steps for name, total in self.sums.items()},
             "lr": lr,
-            "tokens_per_s": self.tokens / max(elapsed_seconds - self.start, 1e-9),
+            "tokens_per_s": self.tokens / seconds,
             "elapsed_s": round(elapsed_seconds, 3),
         }
+        if peak_flops:
+            record["mfu"] = self.flops / seconds / peak_flops
+        return record
 
 
 def read_train_results(run_dir: str | Path) -> dict[str, Any]:

@@ -70,6 +70,15 @@ def matmul_gflops(device: str, dtype: torch.dtype, size: int = 256, repeats: int
     return 2 * size**3 / max(best, 1e-9) / 1e9
 
 
+def matmul_peak_flops(device: str, dtype: torch.dtype, repeats: int = 3) -> float:
+    """FLOP/s of a large square matmul at `dtype`, the peak MFU is measured against: 8192 wide
+    on a GPU (a small product falls far short of its peak), 2048 on a CPU. Measured once per
+    process and dtype (matmul_gflops caches it), so the trainer's log and scripts/bench.py
+    divide by the same number."""
+    size = 2048 if torch.device(device).type == "cpu" else 8192
+    return matmul_gflops(str(device), dtype, size, repeats) * 1e9
+
+
 def bf16_pays_off(device: str) -> bool:
     """Whether bf16 autocast makes training faster on this device.
 
@@ -159,10 +168,11 @@ def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:
     (--bf16, else the launch config's), the seedable sampler and the trackers of --report-to."""
     check_trackers_installed(args.report_to)
     trackers = [name for name in args.report_to if name != "none"]
+    on_cpu = args.use_cpu or not has_accelerator()
     accelerator = Accelerator(
         # On a machine without GPUs, cpu=True is what makes Accelerate run data-parallel under
         # torchrun (MULTI_CPU, gloo); without it every process trains alone.
-        cpu=args.use_cpu or not has_accelerator(),
+        cpu=on_cpu,
         # None: the launch config's (ACCELERATE_MIXED_PRECISION), else fp32
         mixed_precision=None if args.bf16 is None else ("bf16" if args.bf16 else "no"),
         # We step the scheduler once per optimizer update ourselves; Accelerate would step it
@@ -171,7 +181,11 @@ def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:
         # dispatch_batches=False: every process reads its own batches, also of a stream (by
         # default rank 0 would read all of it and send each process its share).
         dataloader_config=DataLoaderConfiguration(
-            use_seedable_sampler=True, data_seed=args.seed, dispatch_batches=False
+            use_seedable_sampler=True,
+            data_seed=args.seed,
+            dispatch_batches=False,
+            # a blocking copy of the next batch would wait for the step queued before it
+            non_blocking=not on_cpu,
         ),
         log_with=trackers or None,
         project_dir=str(output_dir / "logs"),

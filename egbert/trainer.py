@@ -33,6 +33,7 @@ batch size is per process and every process reports the loss averaged over all o
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import json
 import math
@@ -71,10 +72,20 @@ from egbert.checkpoints import (
 )
 from egbert.config import TrainingArguments
 from egbert.errors import CheckpointError, ConfigError, DataError, TrainingError
-from egbert.runtime import keep_freed_memory_in_process, make_accelerator, slow_bf16_warning
+from egbert.runtime import (
+    keep_freed_memory_in_process,
+    make_accelerator,
+    matmul_peak_flops,
+    slow_bf16_warning,
+    synchronize,
+)
 
 # Errors of writing files: a full disk or quota, a read-only or forbidden output directory.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
+
+# torch._dynamo settings of --compile: bert's sparse MLM head selects the masked positions
+# (a size known only from the data) and elmo runs nn.LSTM, both graph breaks without these.
+COMPILE_SETTINGS = {"capture_dynamic_output_shape_ops": True, "allow_rnn": True}
 
 # (batch, outputs) -> {metric name: (sum, count)}: summed over batches and processes, reported
 # as sum / count. Lets a job add accuracies to the eval loss without the trainer knowing them.
@@ -94,6 +105,7 @@ class TrainOutput:
     best_step: int | None
     interrupted: bool  # stopped by a signal: a checkpoint is saved but no final model
     model_dir: Path | None  # the saved model (None when interrupted)
+    compile_seconds: float = 0.0  # --compile: the first step's time, left out of the above
 
 
 # ---------------------------------------------------------------- batches
@@ -111,31 +123,120 @@ def loss_parts(outputs: Any) -> dict[str, torch.Tensor]:
     return parts
 
 
-def count_tokens(batch: dict[str, Any]) -> int:
-    """Real tokens in a batch: the attention mask's sum, else the size of input_ids."""
-    if "attention_mask" in batch:
-        return int(batch["attention_mask"].sum())
+def real_tokens(batch: dict[str, Any]) -> torch.Tensor | int:
+    """Real tokens in a batch: the attention mask's sum (left on the device: reading it would
+    stall the step), else the size of input_ids."""
+    if batch.get("attention_mask") is not None:
+        return batch["attention_mask"].sum()
     if "input_ids" in batch:
         return batch["input_ids"].numel()
     return 0
+
+
+def sequence_length(batch: dict[str, Any]) -> int:
+    """The batch's padded length (a shape, known on the host), which the attention FLOPs scale
+    with; 0 for a batch without input_ids."""
+    ids = batch.get("input_ids")
+    return ids.shape[-1] if ids is not None else 0
+
+
+def loader_workers(args: TrainingArguments, device: torch.device) -> int:
+    """--num-workers, else 2 on a GPU (collating beside the step pays there) and 0 on the CPU
+    (where workers take cores from the step itself; docs/performance.md)."""
+    if args.num_workers is not None:
+        return args.num_workers
+    return 0 if device.type == "cpu" else 2
+
+
+def default_flops_per_token(model: torch.nn.Module) -> Callable[[int], float] | None:
+    """The model's own `flops_per_token(seq_len)` (egbert's pretraining models), else 6 FLOPs
+    per weight outside the embeddings (transformers' `floating_point_ops` estimate), else None:
+    no MFU in the log."""
+    own = getattr(model, "flops_per_token", None)
+    if own is not None:
+        return own
+    if hasattr(model, "num_parameters"):
+        dense = 6.0 * model.num_parameters(exclude_embeddings=True)
+        return lambda seq_len: dense
+    return None
 
 
 def _batch_size(batch: dict[str, Any]) -> int:
     return next(value.size(0) for value in batch.values() if isinstance(value, torch.Tensor))
 
 
+def nonfinite_place(place: tuple[int, int, int]) -> str:
+    step, epoch, batch = place
+    return f"at step {step} (epoch {epoch}, batch {batch} of the epoch)"
+
+
+class StepNumbers:
+    """One optimizer step's numbers, on the device: (tokens, timed tokens, FLOPs) and the mean
+    of each loss part over its batches."""
+
+    def __init__(
+        self,
+        tokens: torch.Tensor | int,
+        flops: torch.Tensor | float,
+        losses: dict[str, torch.Tensor],
+        device: torch.device,
+    ) -> None:
+        def on_device(value: torch.Tensor | float) -> torch.Tensor:
+            if torch.is_tensor(value):
+                return value.to(torch.float64)
+            # a host number added to a device zero: a kernel argument, where torch.tensor(value,
+            # device=...) would copy it over and wait for the copy
+            return torch.zeros((), dtype=torch.float64, device=device) + value
+
+        self.tokens = on_device(tokens)
+        self.timed = torch.stack([self.tokens, on_device(flops)])  # tokens, FLOPs of tokens/s
+        self.losses = {name: value.to(torch.float64) for name, value in losses.items()}
+
+
+class PendingSteps:
+    """The steps since the processes last agreed, summed on the device: tokens, timed tokens,
+    FLOPs and losses, and the first step whose loss was not finite (inf: none), with each
+    step's place (step, epoch, batch) for the message that names it."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.totals: torch.Tensor | None = None  # (tokens, timed tokens, FLOPs)
+        self.losses: dict[str, torch.Tensor] = {}
+        self.first_nonfinite: torch.Tensor | None = None
+        self.places: list[tuple[int, int, int]] = []
+
+    def add(self, step: StepNumbers, place: tuple[int, int, int]) -> None:
+        totals = torch.cat([step.tokens.reshape(1), step.timed])
+        nonfinite = torch.where(
+            torch.isfinite(step.losses["loss"]), math.inf, float(len(self.places))
+        )
+        if self.steps == 0:
+            self.totals, self.losses, self.first_nonfinite = totals, dict(step.losses), nonfinite
+        else:
+            self.totals = self.totals + totals
+            self.losses = {name: self.losses[name] + step.losses[name] for name in self.losses}
+            self.first_nonfinite = torch.minimum(self.first_nonfinite, nonfinite)
+        self.places.append(place)
+        self.steps += 1
+
+
 # ---------------------------------------------------------------- loading, smoothing, signals
 
 
 def train_loader(
-    dataset: Dataset | IterableDataset, args: TrainingArguments, collator: Callable
+    dataset: Dataset | IterableDataset,
+    args: TrainingArguments,
+    collator: Callable,
+    device: torch.device,
 ) -> DataLoader:
     """The training batches: a map-style dataset shuffled (Accelerate's seedable sampler, once
     prepared), a streaming one in order."""
     options = {
         "batch_size": args.batch_size,
         "collate_fn": collator,
-        "num_workers": args.num_workers,
+        "num_workers": loader_workers(args, device),
+        # pinned batches let Accelerate copy them to the GPU without waiting for the step before
+        "pin_memory": device.type == "cuda",
         # The loader draws its workers' base seed from this generator, not the global RNG,
         # which must advance only with the model's own random ops (dropout) for exact resume.
         "generator": torch.Generator().manual_seed(args.seed),
@@ -152,12 +253,14 @@ def train_loader(
                 "streaming training data has no length; give --max-steps, or "
                 "--budget-minutes without --epochs"
             )
-        if isinstance(dataset, datasets.IterableDataset) and args.num_workers > 0:
-            raise ConfigError(
-                f"--num-workers {args.num_workers} with a stream: its position for --resume "
-                "is kept by the main process's reader; drop --num-workers (each training "
-                "process already reads its own shards)"
-            )
+        if isinstance(dataset, datasets.IterableDataset):
+            if args.num_workers:
+                raise ConfigError(
+                    f"--num-workers {args.num_workers} with a stream: its position for --resume "
+                    "is kept by the main process's reader; drop --num-workers (each training "
+                    "process already reads its own shards)"
+                )
+            options["num_workers"] = 0
         return DataLoader(dataset, **options)
     if len(dataset) == 0:
         raise DataError("the training data set is empty; check the training files")
@@ -268,6 +371,8 @@ class Trainer:
     card: what the model card's Hub metadata says.
     epoch_ends: also evaluate (when `eval_every` is 0) and checkpoint (when `save_every` is 0)
         where each epoch ends, however many steps it took (fine-tuning's epochs).
+    flops_per_token: seq_len -> training FLOPs per real token, for the MFU of the log (default:
+        `default_flops_per_token(model)`).
     """
 
     def __init__(
@@ -285,6 +390,7 @@ class Trainer:
         tokenizer: Any = None,
         card: report.ModelCardInfo | None = None,
         epoch_ends: bool = False,
+        flops_per_token: Callable[[int], float] | None = None,
     ) -> None:
         self.args = args
         self.output_dir = Path(args.output_dir)
@@ -327,14 +433,25 @@ class Trainer:
             betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_epsilon,
         )
+        count = flops_per_token or default_flops_per_token(model)
+        self.flops_per_token = None if count is None else functools.cache(count)
         self.stream: StreamPosition | None = None
         if isinstance(train_dataset, datasets.IterableDataset):
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
             self.train_loader = self._stream_loader(train_dataset)
         else:
+            loader = train_loader(train_dataset, args, data_collator, self.accelerator.device)
             self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
-                model, optimizer, train_loader(train_dataset, args, data_collator)
+                model, optimizer, loader
             )
+        if args.compile:
+            # In place, after DDP/FSDP wrapped it (what torch.compile supports for both): no
+            # OptimizedModule wrapper, so no `_orig_mod.` in any saved name, and unwrapping gives
+            # the model itself. Accelerate's dynamo plugin wraps it, and its save_state saves
+            # the wrapper's names.
+            for name, value in COMPILE_SETTINGS.items():
+                setattr(torch._dynamo.config, name, value)
+            self.model.compile(mode=None if args.compile_mode == "default" else args.compile_mode)
         if eval_dataset is not None and not isinstance(eval_dataset, dict):
             eval_dataset = {"": eval_dataset}
         self.eval_sets = eval_dataset or {}
@@ -352,6 +469,14 @@ class Trainer:
         self._last_eval: dict[str, float] = {}
         self._last_eval_step: int | None = None
         self._last_lr = args.lr
+        # Whether the processes agree every step (before the update) or at sync points only:
+        # skipping non-finite steps must decide before the update, and a budget shared by
+        # several processes must give them one elapsed time (one lr) every step.
+        self._agree_each_step = args.skip_nonfinite > 0 or (
+            args.budget_minutes is not None and self.accelerator.num_processes > 1
+        )
+        self.compile_seconds = 0.0
+        self._peak_flops: float | None = None
 
     def _stream_loader(self, stream: datasets.IterableDataset) -> DataLoader:
         """The batches of this process's part of the stream, on its device. Not through
@@ -367,7 +492,7 @@ class Trainer:
                 )
             stream = split_stream(stream, accelerator.process_index, accelerator.num_processes)
         self.stream = StreamPosition(stream, self.data_collator)
-        loader = train_loader(stream, self.args, self.stream)
+        loader = train_loader(stream, self.args, self.stream, accelerator.device)
         return prepare_data_loader(
             loader,
             device=accelerator.device,
@@ -425,6 +550,7 @@ class Trainer:
         )
         self._train_loop(progress)
         progress.close()
+        self._agree_on_pending_steps()
         self.save_checkpoint()
         if self._stopping:
             self.log.message(
@@ -452,10 +578,13 @@ class Trainer:
             best_step=state.best_step,
             interrupted=model_dir is None,
             model_dir=model_dir,
+            compile_seconds=self.compile_seconds,
         )
 
     def _train_loop(self, progress: tqdm) -> None:
         self._window = report.LossWindow(self.state.elapsed_seconds)
+        self._pending = PendingSteps()
+        self._compile_step_pending = self.args.compile
         self._clock = time.perf_counter()
         while not self._finished() and self._epochs_left():
             if not self._train_epoch(progress):
@@ -518,6 +647,7 @@ class Trainer:
         if not self.epoch_ends:
             return
         paused_at = time.perf_counter()
+        self._agree_on_pending_steps()  # nothing a non-finite loss reached is evaluated or saved
         if not self.args.eval_every and self.eval_sets:
             self._evaluate_and_track()
         if not self.args.save_every:
@@ -525,10 +655,11 @@ class Trainer:
         self._clock += time.perf_counter() - paused_at
 
     def _optimizer_step(self, group: list[dict[str, Any]]) -> bool:
-        """Forward and backward over `group` (accumulated), then one update unless the loss is
-        not finite on some process (then False)."""
+        """Forward and backward over `group` (accumulated), then one update unless, agreeing
+        each step, the loss is not finite on some process (then False). Nothing here reads the
+        device: the step's numbers stay on it until the processes agree (`_agree`)."""
         self.model.train()
-        batch_losses, tokens = [], 0
+        batch_losses, tokens, flops = [], 0, 0
         for index, batch in enumerate(group):
             last = index == len(group) - 1
             with nullcontext() if last else self.accelerator.no_sync(self.model):
@@ -537,95 +668,166 @@ class Trainer:
                     raise TrainingError("the model returned no loss; the batches need labels")
                 self.accelerator.backward(outputs.loss / len(group))
             batch_losses.append(loss_parts(outputs))
-            tokens += count_tokens(batch)
-        now = time.perf_counter()
-        self.state.elapsed_seconds += now - self._clock
-        self._clock = now
+            count = real_tokens(batch)
+            tokens = tokens + count
+            if self.flops_per_token is not None:
+                flops = flops + count * self.flops_per_token(sequence_length(batch))
         means = {
             name: torch.stack([losses[name] for losses in batch_losses]).mean()
             for name in batch_losses[0]
         }
-        means, tokens, finite = self._sync_step(means, tokens)
-        if not finite:
-            self._skip_nonfinite_step(means["loss"])
-            return False
+        self._advance_clock()
+        step = StepNumbers(tokens, flops, means, self.accelerator.device)
+        if self._compile_step_pending:  # its time went to compile_seconds: not a timed step
+            step.timed = torch.zeros_like(step.timed)
+            self._compile_step_pending = False
+        place = (self.state.step + 1, self.state.epoch, self.state.batches_in_epoch + 1)
+        self._pending.add(step, place)
+        if self._agree_each_step:
+            first_nonfinite = self._agree()
+            if first_nonfinite is not None:
+                self._skip_nonfinite_step(first_nonfinite)
+                return False
         if self.args.max_grad_norm > 0:
             self.accelerator.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
         self._last_lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
-        self.state.tokens_seen += tokens
         self.scheduler.step()  # the multiplier reads state.step / elapsed_seconds, both updated
-        self._window.add(means, tokens)
         return True
 
-    def _sync_step(
-        self, losses: dict[str, torch.Tensor], tokens: int
-    ) -> tuple[dict[str, float], int, bool]:
-        """One collective per step so that every process agrees on the mean losses, the token
-        count, whether to skip (non-finite loss), whether to stop (a signal reached one of them)
-        and the elapsed time (the budget schedule must give every replica the same lr)."""
-        values = torch.stack(list(losses.values())).tolist()  # one device sync, not one a part
-        local = torch.tensor(
-            [
-                float(tokens),
-                float(not math.isfinite(values[0])),  # "loss" comes first (loss_parts)
-                float(self._signal_received is not None),
-                self.state.elapsed_seconds,
-                *values,
-            ],
-            dtype=torch.float64,
-            device=self.accelerator.device,
-        )
-        every = self.accelerator.gather(local.unsqueeze(0)).cpu()  # (processes, 4 + losses)
-        self.state.elapsed_seconds = float(every[:, 3].max())
-        # Only this agreed flag stops the run, so all processes leave the loop at the same step.
-        self._stopping = self._stopping or bool(every[:, 2].max() > 0)
-        means = dict(zip(losses, every[:, 4:].mean(dim=0).tolist(), strict=True))
-        return means, int(every[:, 0].sum()), not every[:, 1].max() > 0
+    def _advance_clock(self) -> None:
+        """Add the time since the last read to the training time; with --compile, the first
+        step's (compiling, then running, once the device is done) to compile_seconds instead."""
+        if self._compile_step_pending:
+            synchronize(self.accelerator.device)
+        now = time.perf_counter()
+        if self._compile_step_pending:
+            self.compile_seconds += now - self._clock
+            self.log.message(
+                f"egbert: compiled the model in {now - self._clock:.1f} s (the first step; left "
+                "out of the training time, tokens/s and MFU)"
+            )
+        else:
+            self.state.elapsed_seconds += now - self._clock
+        self._clock = now
 
-    def _skip_nonfinite_step(self, loss: float) -> None:
+    def _agree_on_pending_steps(self) -> None:
+        """The processes agree on the steps since the last agreement: their losses and tokens
+        go to the log window; a non-finite loss among them stops the run (TrainingError) before
+        anything is saved or evaluated."""
+        if not self._pending.steps:
+            return
+        first_nonfinite = self._agree()
+        if first_nonfinite is not None:
+            self._raise_nonfinite(*first_nonfinite)
+
+    def _agree(self) -> tuple[float, tuple[int, int, int]] | None:
+        """One collective over the pending steps, so that every process agrees on the mean
+        losses, the token and FLOP counts, whether a loss was not finite (then (its window's
+        loss, (step, epoch, batch)) of the first such step is returned and nothing is added to
+        the window), whether to stop (a signal reached one of them) and the elapsed time (the
+        budget schedule must give every replica the same lr)."""
+        pending, names = self._pending, list(self._pending.losses)
+        local = torch.cat(
+            [
+                pending.totals,
+                pending.first_nonfinite.reshape(1),
+                torch.tensor(
+                    [float(self._signal_received is not None), self.state.elapsed_seconds],
+                    dtype=torch.float64,
+                    device=self.accelerator.device,
+                ),
+                torch.stack([pending.losses[name] for name in names]),
+            ]
+        )
+        every = self.accelerator.gather(local.unsqueeze(0)).cpu()  # (processes, 6 + losses)
+        tokens, timed_tokens, flops = every[:, :3].sum(dim=0).tolist()
+        first_nonfinite, signal, elapsed = every[:, 3].min(), every[:, 4].max(), every[:, 5].max()
+        losses = dict(zip(names, every[:, 6:].mean(dim=0).tolist(), strict=True))
+        self.state.elapsed_seconds = float(elapsed)
+        # Only this agreed flag stops the run, so all processes leave the loop at the same step.
+        self._stopping = self._stopping or bool(signal > 0)
+        places, steps = pending.places, pending.steps
+        self._pending = PendingSteps()
+        if math.isfinite(first_nonfinite):
+            return losses["loss"], places[int(first_nonfinite)]
+        self.state.tokens_seen += int(tokens)
+        self._window.add(losses, steps, timed_tokens, flops)
+        return None
+
+    def _skip_nonfinite_step(self, found: tuple[float, tuple[int, int, int]]) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         state = self.state
         state.skipped_nonfinite += 1
-        where = (
-            f"at step {state.step + 1} (epoch {state.epoch}, batch "
-            f"{state.batches_in_epoch + 1} of the epoch)"
-        )
         if state.skipped_nonfinite > self.args.skip_nonfinite:
-            raise TrainingError(
-                f"the loss is {loss} {where}; lower --lr, check the data, or pass "
-                f"--skip-nonfinite N to skip up to N such steps"
-            )
+            self._raise_nonfinite(*found)
+        loss, place = found
         self.log.message(
-            f"egbert: skipped a step with loss {loss} {where} "
+            f"egbert: skipped a step with loss {loss} {nonfinite_place(place)} "
             f"({state.skipped_nonfinite} of {self.args.skip_nonfinite} allowed)"
+        )
+
+    def _raise_nonfinite(self, loss: float, place: tuple[int, int, int]) -> None:
+        raise TrainingError(
+            f"the loss is {loss} {nonfinite_place(place)}; lower --lr, check the data, or pass "
+            f"--skip-nonfinite N to skip up to N such steps"
         )
 
     def _after_step(self, progress: tqdm) -> None:
         state, args = self.state, self.args
-        if self._window.steps and (state.step % args.log_every == 0 or self._finished()):
-            self._log_training(progress)
-        # The clock runs on from the backward pass, so the update just made counts at the next
-        # step; evaluation and saving do not count as training time.
+        logging = state.step % args.log_every == 0 or self._finished()
+        if logging or self._evaluating_or_saving() or self._signal_seen_here():
+            self._agree_on_pending_steps()
+        # The clock runs on from the backward pass, so the update just made (and the wait for the
+        # device in agreeing) counts at the next step; logging (and the matmul peak measured for
+        # the first record), evaluation and saving do not count as training time.
         paused_at = time.perf_counter()
+        if self._window.steps and (logging or self._finished()):
+            self._log_training(progress)
         if args.eval_every and state.step % args.eval_every == 0 and self.eval_sets:
             self._evaluate_and_track()
         if args.save_every and state.step % args.save_every == 0 and not self._finished():
             self.save_checkpoint()
         self._clock += time.perf_counter() - paused_at
 
+    def _evaluating_or_saving(self) -> bool:
+        """This step evaluates or checkpoints: the processes agree first, so that neither sees
+        weights a non-finite loss has reached."""
+        step, args = self.state.step, self.args
+        return any(every and step % every == 0 for every in (args.eval_every, args.save_every))
+
+    def _signal_seen_here(self) -> bool:
+        """A signal reached this process, which alone trains: stop after this step. Several
+        processes learn of it at their next agreement (a collective needs them all)."""
+        return self._signal_received is not None and self.accelerator.num_processes == 1
+
     def _log_training(self, progress: tqdm) -> None:
         state = self.state
-        record = self._window.record(state.step, state.epoch, self._last_lr, state.elapsed_seconds)
+        record = self._window.record(
+            state.step, state.epoch, self._last_lr, state.elapsed_seconds, self._matmul_peak()
+        )
         progress.set_postfix(
             loss=f"{record['loss']:.4f}",
             lr=f"{record['lr']:.2e}",
             tok_s=f"{record['tokens_per_s']:.0f}",
+            **({"mfu": f"{record['mfu']:.3f}"} if "mfu" in record else {}),
         )
         self.log.record("train", record)
         self._window = report.LossWindow(state.elapsed_seconds)
+
+    def _matmul_peak(self) -> float | None:
+        """All processes' matmul peak at the training precision (runtime.matmul_peak_flops,
+        measured once per process), MFU's denominator; None without a FLOP count."""
+        if self.flops_per_token is None:
+            return None
+        if self._peak_flops is None:
+            bf16 = self.accelerator.mixed_precision == "bf16"
+            dtype = torch.bfloat16 if bf16 else torch.float32
+            peak = matmul_peak_flops(self.accelerator.device.type, dtype)
+            self._peak_flops = peak * self.accelerator.num_processes
+        return self._peak_flops
 
     # ------------------------------------------------------------ evaluation and prediction
 
@@ -653,7 +855,8 @@ class Trainer:
             dataset,
             batch_size=self.args.batch_size,
             collate_fn=self.eval_collator,
-            num_workers=self.args.num_workers,
+            num_workers=loader_workers(self.args, self.accelerator.device),
+            pin_memory=self.accelerator.device.type == "cuda",
             generator=torch.Generator().manual_seed(self.args.seed),
         )
         return self.accelerator.prepare(loader)

@@ -31,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,9 +59,10 @@ from egbert import (
     build_nsp_examples,
     load_preset,
     load_tokenizer,
-    matmul_gflops,
+    matmul_peak_flops,
     pack_blocks,
     read_documents,
+    run_pretraining,
     tokenize_documents,
     train_tokenizer,
 )
@@ -250,7 +252,7 @@ def workloads(args: argparse.Namespace) -> list[tuple[str, Callable[[], Workload
         "bert": [
             ("bert (sparse MLM)", lambda: bert_workload(*shape, sparse=True)),
             ("bert (dense MLM)", lambda: bert_workload(*shape, sparse=False)),
-        ],
+        ][: 1 if args.sparse_mlm_only else 2],
         "gpt": [("gpt", lambda: gpt_workload(*shape))],
         "elmo": [("elmo", lambda: elmo_workload(*shape))],
     }
@@ -275,12 +277,6 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, dty
     optimizer.zero_grad(set_to_none=True)
     synchronize(device)
     return time.perf_counter() - start
-
-
-def matmul_peak_flops(dtype: torch.dtype, device: torch.device, repeats: int = 10) -> float:
-    """FLOP/s of a large square matmul: 8192 wide on a GPU, 2048 on a CPU."""
-    size = 8192 if device.type == "cuda" else 2048
-    return matmul_gflops(str(device), dtype, size, repeats) * 1e9
 
 
 def batch_on(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -312,6 +308,13 @@ class PairTimes:
     reference_first: float
 
 
+def egbert_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The batch as egbert's collators give it: without padding, no attention_mask (the models
+    then take SDPA's unmasked or causal kernels without asking the device; transformers'
+    references get the mask of ones their collators give)."""
+    return {name: tensor for name, tensor in batch.items() if name != "attention_mask"}
+
+
 def time_pair(
     work: Workload, dtype: torch.dtype, compile_model: bool, warmup: int, steps: int
 ) -> PairTimes:
@@ -319,8 +322,9 @@ def time_pair(
     egbert, egbert_optimizer = prepare(work.egbert, compile_model)
     reference, reference_optimizer = prepare(work.reference, compile_model)
     egbert_times, reference_times = [], []
+    egbert_batch = egbert_inputs(work.batch)
     for _ in range(warmup + steps):
-        egbert_times.append(training_step(egbert, egbert_optimizer, work.batch, dtype))
+        egbert_times.append(training_step(egbert, egbert_optimizer, egbert_batch, dtype))
         reference_times.append(training_step(reference, reference_optimizer, work.batch, dtype))
     return PairTimes(
         statistics.median(egbert_times[warmup:]),
@@ -434,6 +438,7 @@ def _child_command(args: argparse.Namespace) -> list[str]:
         args.device,
         "--dropout",
         str(args.dropout),
+        *(["--sparse-mlm-only"] if args.sparse_mlm_only else []),
     ]
 
 
@@ -467,7 +472,7 @@ def measure_memory_alone(args: argparse.Namespace) -> None:
     device = torch.device(args.device)
     model = (work.egbert if side == "egbert" else work.reference).to(device)
     del work.egbert, work.reference
-    batch = batch_on(work.batch, device)
+    batch = batch_on(egbert_inputs(work.batch) if side == "egbert" else work.batch, device)
     model, optimizer = prepare(model, compile_model=False)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     for _ in range(3):
@@ -478,12 +483,135 @@ def measure_memory_alone(args: argparse.Namespace) -> None:
         print(peak_rss_of_this_process_mb())
 
 
+# ---------------------------------------------------------------- egbert pretrain beside the loop
+
+
+def pretrain_tokenizer(args: argparse.Namespace, folder: Path) -> Path:
+    """A WordPiece tokenizer of --vocab-size entries on WikiText-2 train, for `--pretrain`."""
+    corpus = wikitext(args)
+    if args.tokenizer:
+        return Path(args.tokenizer)
+    print(f"training a {args.vocab_size}-entry WordPiece tokenizer on {corpus} ...", flush=True)
+    train_tokenizer([corpus], vocab_size=args.vocab_size, out_dir=folder, show_progress=False)
+    return folder
+
+
+def loop_tokens_per_s(args: argparse.Namespace, family: str, vocab: int, dtype) -> float:
+    """The bench's own loop (egbert's model alone, random batches): median tokens/s."""
+    sizes = preset_sizes(args.preset)
+    shape = (sizes, vocab, args.batch_size, args.seq_len, args.dropout)
+    build = {
+        "bert": lambda: bert_workload(*shape, sparse=True),
+        "gpt": lambda: gpt_workload(*shape),
+        "elmo": lambda: elmo_workload(*shape),
+    }[family]
+    work = on_device(build(), torch.device(args.device))
+    model, optimizer = prepare(work.egbert, args.compile or args.compile_only)
+    batch = egbert_inputs(work.batch)
+    times = [training_step(model, optimizer, batch, dtype) for _ in range(args.warmup + args.steps)]
+    return args.batch_size * args.seq_len / statistics.median(times[args.warmup :])
+
+
+def pretrain_run(args: argparse.Namespace, family: str, tokenizer: Path, out: Path) -> dict:
+    """`egbert pretrain` (egbert.run_pretraining) on WikiText-2 at the bench's model, batch,
+    sequence, precision and dropout; tokens/s and MFU from its own log, the first log window
+    (warm-up, and compiling with --compile) left out."""
+    dropout = f"hidden_dropout_prob={args.dropout},attention_probs_dropout_prob={args.dropout}"
+    positions = f",max_position_embeddings={max(512, args.seq_len)}" if family != "elmo" else ""
+    result = run_pretraining(
+        model=family,
+        preset=args.preset,
+        tokenizer=str(tokenizer),
+        train_files=[str(wikitext(args))],
+        doc_boundary="wikitext",
+        output_dir=str(out),
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        mlm_probability=MLM_PROBABILITY,
+        config_overrides=dropout + positions,
+        bf16=args.precision == "bf16",
+        compile=args.compile or args.compile_only,
+        max_steps=args.pretrain_steps,
+        log_every=args.pretrain_log_every,
+        report_to=["none"],
+        use_cpu=args.device == "cpu",
+    )
+    records = [record for record in result.history if record["split"] == "train"]
+    train = records[1:]
+    if not train:
+        raise SystemExit("--pretrain-steps: give at least two --pretrain-log-every windows")
+    steps = records[-1]["step"] - records[0]["step"]
+    seconds = records[-1]["elapsed_s"] - records[0]["elapsed_s"]
+    return {
+        # batch x seq a step, padding included, as the loop counts: bert's NSP batches hold
+        # padding that the log's tokens/s (real tokens) leaves out
+        "batch_tokens_per_s": steps * args.batch_size * args.seq_len / seconds,
+        "tokens_per_s": statistics.median(record["tokens_per_s"] for record in train),
+        "mfu": statistics.median(record.get("mfu", math.nan) for record in train),
+        "compile_s": result.compile_seconds,
+    }
+
+
+def pretrain_rows(args: argparse.Namespace) -> list[dict]:
+    """For each family: the bench's loop, then `egbert pretrain`, then the loop again (the two
+    loop runs averaged, so that a machine that got busier in between shows as their spread)."""
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    families = ["bert", "gpt", "elmo"] if args.model == "all" else [args.model]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-pretrain-") as folder:
+        tokenizer = pretrain_tokenizer(args, Path(folder) / "tokenizer")
+        vocab = len(load_tokenizer(tokenizer))
+        for family in families:
+            before = loop_tokens_per_s(args, family, vocab, dtype)
+            run = pretrain_run(args, family, tokenizer, Path(folder) / family)
+            after = loop_tokens_per_s(args, family, vocab, dtype)
+            loop = (before + after) / 2
+            rows.append(
+                {
+                    "model": family,
+                    "precision": args.precision,
+                    "loop_tokens_per_s": loop,
+                    "loop_spread": abs(before - after) / loop,
+                    "pretrain_tokens_per_s": run["tokens_per_s"],
+                    "pretrain_batch_tokens_per_s": run["batch_tokens_per_s"],
+                    "ratio": run["batch_tokens_per_s"] / loop,
+                    "pretrain_mfu": run["mfu"],
+                    "compile_s": run["compile_s"],
+                }
+            )
+            print(pretrain_table(rows[-1:]).splitlines()[-1], flush=True)
+    return rows
+
+
+def pretrain_table(rows: list[dict]) -> str:
+    lines = [
+        "| model | precision | bench loop tokens/s | egbert pretrain batch tokens/s "
+        "| pretrain / loop | pretrain real tokens/s and MFU (its log) | loop spread | compile s |",
+        "|" + "---|" * 8,
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['model']} | {row['precision']} | {row['loop_tokens_per_s']:,.0f} "
+            f"| {row['pretrain_batch_tokens_per_s']:,.0f} | {row['ratio']:.3f} "
+            f"| {row['pretrain_tokens_per_s']:,.0f}, "
+            f"MFU {row['pretrain_mfu']:.3f} | {row['loop_spread']:.1%} | {row['compile_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- the data pipeline
 
 
 def data_folder(path: str | None) -> Path:
     """--data, else $EGBERT_DATA, else ../shared/data beside the checkout (as the quickstart)."""
     return Path(path or os.environ.get("EGBERT_DATA") or REPOSITORY.parent / "shared" / "data")
+
+
+def wikitext(args: argparse.Namespace) -> Path:
+    corpus = data_folder(args.data) / "corpus" / "wikitext-2" / "wiki.train.tokens"
+    if not corpus.is_file():
+        raise SystemExit(f"{corpus}: not found; pass --data (or set EGBERT_DATA), or --no-data")
+    return corpus
 
 
 def timed(function: Callable, *args, **kwargs) -> tuple[object, float]:
@@ -509,9 +637,7 @@ def data_rows(args: argparse.Namespace) -> list[dict]:
     """Tokens/s of each stage of egbert's pretraining data path on the first WikiText-2
     articles: the once-per-corpus stages (tokenizing, building NSP pairs) and the per-step ones
     (the collators that make each batch_size x seq_len batch)."""
-    corpus = data_folder(args.data) / "corpus" / "wikitext-2" / "wiki.train.tokens"
-    if not corpus.is_file():
-        raise SystemExit(f"{corpus}: not found; pass --data (or set EGBERT_DATA), or --no-data")
+    corpus = wikitext(args)
     if args.tokenizer:
         tokenizer = load_tokenizer(args.tokenizer)
     else:
@@ -547,7 +673,23 @@ def data_rows(args: argparse.Namespace) -> list[dict]:
             collated_tokens_per_s(blocks, CausalLMCollator(tokenizer), **batches),
         ),
     ]
-    return [{"stage": stage, "runs": runs, "tokens_per_s": rate} for stage, runs, rate in stages]
+    rows = [{"stage": stage, "runs": runs, "tokens_per_s": rate} for stage, runs, rate in stages]
+    padding = nsp_padding(pairs, tokenizer, args)
+    rows.append({"stage": "padding of the NSP batches (share of their tokens)", **padding})
+    return rows
+
+
+def nsp_padding(pairs: Dataset, tokenizer, args: argparse.Namespace) -> dict:
+    """The share of padding in MLMCollator's batches of NSP pairs, in a shuffled order: what
+    unpadding (varlen attention, packing short pairs) could at most save of a bert step."""
+    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0)).tolist()
+    collator, real, padded = MLMCollator(tokenizer), 0, 0
+    for start in range(0, len(order) - args.batch_size + 1, args.batch_size):
+        batch = collator(pairs.__getitems__(order[start : start + args.batch_size]))
+        size = batch["input_ids"].numel()
+        padded += size
+        real += int(batch["attention_mask"].sum()) if "attention_mask" in batch else size
+    return {"runs": f"batch {args.batch_size}, seq {args.seq_len}", "share": 1 - real / padded}
 
 
 # ---------------------------------------------------------------- tables
@@ -582,6 +724,9 @@ def data_table(rows: list[dict], training_tokens_per_s: float | None) -> str:
     at the fastest egbert training speed measured in this run."""
     lines = ["| data stage | runs | tokens/s | share of a training step |", "|---|---|---|---|"]
     for row in rows:
+        if "share" in row:
+            lines.append(f"| {row['stage']} | {row['runs']} | - | {row['share']:.1%} |")
+            continue
         share = "-"
         if row["runs"] == "every step" and training_tokens_per_s:
             share = f"{training_tokens_per_s / row['tokens_per_s']:.1%}"
@@ -610,6 +755,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1800,
         help="seconds a --compile row may take before it is reported as too slow (default: 1800)",
+    )
+    parser.add_argument(
+        "--sparse-mlm-only",
+        action="store_true",
+        help="bert: only the sparse MLM row (egbert pretrain's; the dense one shows the saving)",
     )
     parser.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
@@ -650,6 +800,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--data-batches", type=int, default=50, help="batches per collator (default: 50)"
     )
+    parser.add_argument(
+        "--pretrain",
+        action="store_true",
+        help="instead of the reference rows: time `egbert pretrain` (egbert.run_pretraining on "
+        "WikiText-2) beside this bench's loop at the same model, batch, sequence, precision "
+        "and dropout (one --precision; with --compile or --compile-only, both compiled)",
+    )
+    parser.add_argument(
+        "--pretrain-steps", type=int, default=40, help="--pretrain: steps (default: 40)"
+    )
+    parser.add_argument(
+        "--pretrain-log-every",
+        type=int,
+        default=10,
+        help="--pretrain: steps per log window; the first is left out (default: 10)",
+    )
     parser.add_argument("--json", help="also write both tables to this JSON file")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     parser.add_argument("--row-of", help=argparse.SUPPRESS)
@@ -670,6 +836,16 @@ def main() -> None:
         index, precision = args.row_of.split(":")
         print(json.dumps(timing_row(args, int(index), precision, args.compile, args.peak_flops)))
         return
+    if args.pretrain:
+        if args.precision == "all":
+            parser.error("--pretrain: give one --precision (fp32 or bf16)")
+        rows = pretrain_rows(args)
+        print()
+        print(pretrain_table(rows))
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"pretrain": rows}, handle, indent=2)
+        return
     device = torch.device(args.device)
     precisions = ["fp32", "bf16"] if args.precision == "all" else [args.precision]
     if args.precision == "all" and not bf16_pays_off(device.type):
@@ -681,7 +857,7 @@ def main() -> None:
         precisions = ["fp32"]
     compile_modes = [True] if args.compile_only else ([False, True] if args.compile else [False])
     peaks = {
-        p: matmul_peak_flops(torch.bfloat16 if p == "bf16" else torch.float32, device)
+        p: matmul_peak_flops(device.type, torch.bfloat16 if p == "bf16" else torch.float32)
         for p in precisions
     }
     where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"

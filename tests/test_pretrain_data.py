@@ -375,10 +375,12 @@ def test_mlm_collator_pads_masks_and_is_reproducible(wiki_tokenized, tokenizer):
         sep_id=tokenizer.sep_token_id,
         short_seq_prob=0.5,
     )
-    examples = [pairs[i] for i in range(8)]
+    by_length = sorted(range(len(pairs)), key=lambda i: len(pairs[i]["input_ids"]))
+    examples = [pairs[i] for i in by_length[:4] + by_length[-4:]]
     collator = collators.MLMCollator(tokenizer, seed=7)
     batch = collator(examples)
     lengths = [len(example["input_ids"]) for example in examples]
+    assert len(set(lengths)) > 1  # some rows padded
     assert batch["input_ids"].shape == (8, max(lengths))
     assert batch["attention_mask"].sum(1).tolist() == lengths
     padding = batch["attention_mask"] == 0
@@ -441,6 +443,16 @@ def test_causal_collator_labels_copy_inputs_except_padding(tokenizer):
     assert batch["input_ids"].tolist() == [[7, 8, 9], [5, pad, pad]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[7, 8, 9], [5, -100, -100]]
+
+
+def test_collators_leave_out_the_mask_of_a_batch_without_padding(tokenizer):
+    """No padding: no attention_mask, so the models take SDPA's unmasked or causal kernels."""
+    rows = [{"input_ids": [7, 8, 9]}, {"input_ids": [5, 6, 7]}]
+    causal = collators.CausalLMCollator(tokenizer)(rows)
+    assert "attention_mask" not in causal and torch.equal(causal["labels"], causal["input_ids"])
+    pairs = [{"input_ids": [2, 7, 8, 9, 3], "token_type_ids": [0, 0, 0, 1, 1]}] * 2
+    masked = collators.MLMCollator(tokenizer, seed=7)(pairs)
+    assert "attention_mask" not in masked and masked["input_ids"].shape == (2, 5)
 
 
 # ---------------------------------------------------------------- packing

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 import egbert.models  # noqa: F401  (registers the Auto classes)
 from egbert.cli import main as cli_main
 from egbert.config import PretrainArguments, TrainingArguments, load_preset, parse_args
 from egbert.errors import ConfigError
 from egbert.pretrain.run import FAMILY_DEFAULTS, build_model, main, parse_pretrain_args
+from egbert.runtime import matmul_peak_flops, training_device
 from egbert.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
@@ -102,8 +103,14 @@ def test_tiny_preset_pretrains_and_validation_loss_falls(
     assert evals[-1]["loss"] < evals[0]["loss"] - 0.05, [record["loss"] for record in evals]
     if family == "gpt":
         assert evals[-1]["perplexity"] == pytest.approx(math.exp(evals[-1]["loss"]))
-    # the training log shows the parts of the loss beside it
+    # the training log shows the parts of the loss beside it, and tokens/s and MFU
     train = split_records(out, "train")
+    assert all(record["tokens_per_s"] > 0 and record["mfu"] > 0 for record in train)
+    if family == "gpt":  # unpadded blocks: MFU is tokens/s x the model's FLOPs a token / peak
+        flops = AutoModelForCausalLM.from_pretrained(out / "model").flops_per_token(32)
+        peak = matmul_peak_flops(training_device(), torch.float32)
+        for record in train:
+            assert record["mfu"] == pytest.approx(record["tokens_per_s"] * flops / peak)
     assert {name for name in train[-1] if name.endswith("loss")} == {"loss", *loss_parts}
     for record in train:
         total = sum(weight * record[name] for name, weight in loss_parts.items())

@@ -33,6 +33,7 @@ from .layers import (
     init_local_attention,
     init_transformer_weights,
     self_attention_mask,
+    training_flops_per_token,
 )
 
 try:
@@ -271,6 +272,13 @@ class EgbertBertForPreTraining(EgbertBertPreTrainedModel):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.mlm_head.decoder = value
 
+    def flops_per_token(self, seq_len: int, mlm_probability: float = 0.15) -> float:
+        """Training FLOPs per input token (layers.training_flops_per_token); with sparse MLM
+        logits the softmax runs at the masked share of the tokens only."""
+        predictions = mlm_probability if self.config.sparse_mlm_logits else 1.0
+        layers = self.config.num_hidden_layers
+        return training_flops_per_token(self, seq_len, predictions, layers)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -328,6 +336,13 @@ class EgbertBertForMaskedLM(EgbertBertPreTrainedModel):
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.mlm_head.decoder = value
+
+    def flops_per_token(self, seq_len: int, mlm_probability: float = 0.15) -> float:
+        """Training FLOPs per input token (layers.training_flops_per_token); with sparse MLM
+        logits the softmax runs at the masked share of the tokens only."""
+        predictions = mlm_probability if self.config.sparse_mlm_logits else 1.0
+        layers = self.config.num_hidden_layers
+        return training_flops_per_token(self, seq_len, predictions, layers)
 
     def forward(
         self,

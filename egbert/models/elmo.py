@@ -20,7 +20,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
 from .kernels import Dropout, chunked_lm_loss_applies, linear_cross_entropy
-from .layers import auto_map
+from .layers import auto_map, training_flops_per_token
 
 
 class EgbertElmoConfig(PretrainedConfig):
@@ -192,6 +192,11 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
         self.post_init()
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per input token (layers.training_flops_per_token): the LSTMs' weights
+        and the softmax of both directions; no attention."""
+        return training_flops_per_token(self, seq_len, 2.0, attention_layers=0)
 
     def forward(
         self,

@@ -28,6 +28,7 @@ from .layers import (
     check_transformer_config,
     init_transformer_weights,
     self_attention_mask,
+    training_flops_per_token,
 )
 
 
@@ -189,6 +190,10 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per input token (layers.training_flops_per_token)."""
+        return training_flops_per_token(self, seq_len, 1.0, self.config.num_hidden_layers)
 
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def forward(

@@ -64,8 +64,11 @@ INVERSE_CDF_SAMPLING = True
 
 
 def dropout(hidden: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """F.dropout, with the mask drawn from 16 random bits per element on a CPU (see above)."""
-    if not CPU_DROPOUT_MASKS or not training or not 0.0 < p < 1.0 or hidden.device.type != "cpu":
+    """F.dropout, with the mask drawn from 16 random bits per element on a CPU (see above); in
+    a compiled graph F.dropout too (inductor generates its own masks, and the in-place draw
+    would break the graph)."""
+    eager_cpu = hidden.device.type == "cpu" and not torch.compiler.is_compiling()
+    if not CPU_DROPOUT_MASKS or not training or not 0.0 < p < 1.0 or not eager_cpu:
         return F.dropout(hidden, p, training)  # which also rejects a p outside [0, 1]
     draws = torch.empty(-(-hidden.numel() // 4), dtype=torch.int64).random_(-(2**63), None)
     bits = draws.view(torch.int16)[: hidden.numel()].view(hidden.shape)
@@ -114,8 +117,11 @@ def explicit_attention(
 def chunked_lm_loss_applies(config: PretrainedConfig, training: bool) -> bool:
     """Whether a forward with labels takes its LM loss from linear_cross_entropy, and so returns
     no logits: the config's `chunked_lm_loss` is on and this is a training forward, where a
-    backward will use the gradients linear_cross_entropy computes on the way."""
-    return config.chunked_lm_loss and training and torch.is_grad_enabled()
+    backward will use the gradients linear_cross_entropy computes on the way. Not in a compiled
+    graph: its rows and chunks depend on the labels (a graph break), while the dense logits and
+    F.cross_entropy are one graph that inductor fuses."""
+    compiling = torch.compiler.is_compiling()
+    return config.chunked_lm_loss and training and torch.is_grad_enabled() and not compiling
 
 
 def linear_cross_entropy(

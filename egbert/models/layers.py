@@ -96,6 +96,21 @@ class Embeddings(nn.Module):
         return self.dropout(embeddings)
 
 
+def training_flops_per_token(
+    model: PreTrainedModel, seq_len: int, lm_predictions: float, attention_layers: int
+) -> float:
+    """Model FLOPs of one training step (forward + backward, 3x the forward, as nanoGPT and PaLM
+    count) per input token: 6 per dense weight, the attention scores and values of each of
+    `attention_layers` layers over `seq_len` keys, and the tied output softmax at
+    `lm_predictions` predictions per token (its weight is the embedding's, which the dense count
+    leaves out). The same count as scripts/bench.py's, so that MFU means one thing."""
+    config = model.config
+    dense = 6 * model.num_parameters(exclude_embeddings=True)
+    attention = 12 * attention_layers * config.hidden_size * seq_len
+    softmax = 6 * config.vocab_size * config.hidden_size * lm_predictions
+    return float(dense + attention + softmax)
+
+
 def self_attention_mask(
     padding_mask: torch.Tensor | None,
     query_length: int,
@@ -106,9 +121,12 @@ def self_attention_mask(
     """The boolean mask (True = may attend) for SDPA, or None where no mask or `is_causal` suffices.
 
     padding_mask is (batch, past_length + query_length) with 1 for real tokens and 0 for padding:
-    with a KV cache the keys are the `past_length` cached tokens followed by the new ones.
+    with a KV cache the keys are the `past_length` cached tokens followed by the new ones. Given,
+    it is used as it is: asking the device whether it holds any 0 would stall it and break a
+    compiled graph, so callers whose batch has no padding pass None (egbert's collators do), and
+    get SDPA's unmasked or `is_causal` kernels.
     """
-    has_padding = padding_mask is not None and not bool(padding_mask.all())
+    has_padding = padding_mask is not None
     if not is_causal:
         # (batch, 1, 1, keys) broadcasts over heads and queries
         return padding_mask.bool()[:, None, None, :] if has_padding else None

@@ -8,15 +8,18 @@ from the global RNG: the loader runs a batch ahead, and a resumed run must draw 
         -> (masked input_ids, labels) as torch.LongTensors.
     wordpiece_continuations(tokenizer) -> bool array over the vocabulary ("##" pieces).
     MLMCollator(tokenizer, mlm_probability=0.15, max_predictions=None, whole_word_mask=False,
-                seed=0): pads (right), adds attention_mask, masks dynamically unless the
-                examples carry static "labels"; call set_epoch(epoch) every epoch.
-    CausalLMCollator(tokenizer): pads, attention_mask, labels = input_ids (-100 on padding).
+                seed=0): pads (right), adds attention_mask where a row is padded, masks
+                dynamically unless the examples carry static "labels"; call set_epoch(epoch)
+                every epoch.
+    CausalLMCollator(tokenizer): pads, attention_mask where a row is padded, labels =
+                input_ids (-100 on padding).
+    padding_mask(rows) -> {"attention_mask": ...} when the rows differ in length, else {}.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 
 import numpy as np
 import torch
@@ -166,8 +169,8 @@ class MLMCollator:
     Each example's mask is drawn from a generator seeded by (seed, epoch, the example's ids):
     reproducible, independent of batch size, process count and of batches skipped on resume.
     Call `set_epoch(epoch)` at the start of every epoch.
-    Returns input_ids, attention_mask, labels, and token_type_ids / next_sentence_label when
-    the examples have them, all as int64 tensors.
+    Returns input_ids, labels, attention_mask when some example is padded (`padding_mask`), and
+    token_type_ids / next_sentence_label when the examples have them, all as int64 tensors.
     """
 
     def __init__(
@@ -199,7 +202,7 @@ class MLMCollator:
                 labels.append(row_labels)
         batch = {
             "input_ids": _pad(rows, self.pad_id),
-            "attention_mask": _pad([np.ones(len(ids), dtype=np.int64) for ids in rows], 0),
+            **padding_mask(rows),
             "labels": _pad(labels, -100),
         }
         if "token_type_ids" in examples[0]:
@@ -216,8 +219,9 @@ class MLMCollator:
 
 
 class CausalLMCollator:
-    """Pads examples into a batch for GPT / ELMo: input_ids, attention_mask and labels (a copy
-    of input_ids with -100 on padding; the models shift the labels themselves)."""
+    """Pads examples into a batch for GPT / ELMo: input_ids, labels (a copy of input_ids with
+    -100 on padding; the models shift the labels themselves) and, when some example is padded,
+    attention_mask (`padding_mask`)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         pad_id = tokenizer.pad_token_id
@@ -226,9 +230,23 @@ class CausalLMCollator:
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         rows = [example["input_ids"] for example in examples]
         input_ids = _pad(rows, self.pad_id)
-        attention_mask = _pad([[1] * len(ids) for ids in rows], 0)
-        labels = input_ids.masked_fill(attention_mask == 0, -100)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        batch = {"input_ids": input_ids, **padding_mask(rows)}
+        if "attention_mask" in batch:
+            batch["labels"] = input_ids.masked_fill(batch["attention_mask"] == 0, -100)
+        else:
+            batch["labels"] = input_ids.clone()
+        return batch
+
+
+def padding_mask(rows: Sequence[Sized]) -> dict[str, torch.Tensor]:
+    """{"attention_mask": 1 on real tokens, 0 on padding} when the rows differ in length, {}
+    when none needs padding. Decided here, on the host, so that the models take SDPA's unmasked
+    (or is_causal) kernels without asking the device in every forward (a stall, and a break in
+    a compiled graph; layers.self_attention_mask)."""
+    lengths = [len(row) for row in rows]
+    if min(lengths) == max(lengths):
+        return {}
+    return {"attention_mask": _pad([np.ones(length, dtype=np.int64) for length in lengths], 0)}
 
 
 def _pad(rows: Sequence[Sequence[int] | np.ndarray | torch.Tensor], value: int) -> torch.Tensor:

@@ -21,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,17 @@ def pretraining_recipe(options: dict[str, Any]) -> dict[str, Any]:
     return recipe
 
 
+def model_flops_per_token(model: PreTrainedModel, args: PretrainArguments) -> Callable | None:
+    """seq_len -> training FLOPs per real token for the log's MFU: the model's own count, bert's
+    at the --mlm-probability it trains with (its sparse softmax runs on the masked tokens only);
+    None for replaced token detection (a generator beside the encoder): the trainer's estimate."""
+    if args.objective == "rtd":
+        return None
+    if args.model == "bert":
+        return partial(model.flops_per_token, mlm_probability=args.mlm_probability)
+    return model.flops_per_token
+
+
 def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> TrainOutput:
     """Build tokenizer, data and model from the options, train, and return the trainer's result."""
     check_trackers_installed(training_args.report_to)  # before the data is tokenized
@@ -157,6 +170,7 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
             description=f"An egbert {args.model} model pretrained from scratch with "
             f"`egbert pretrain` ({type(model).__name__}).",
         ),
+        flops_per_token=model_flops_per_token(model, args),
     )
     result = trainer.train()
     if trainer.accelerator.is_main_process:
@@ -438,7 +452,7 @@ def bert_metrics(batch: dict[str, torch.Tensor], outputs) -> dict[str, tuple[flo
 
 def rtd_metrics(batch: dict[str, torch.Tensor], outputs) -> dict[str, tuple[float, float]]:
     n_masked = float((batch["labels"] != -100).sum())
-    real = batch["attention_mask"].bool()
+    real = batch.get("attention_mask", torch.ones_like(batch["input_ids"])).bool()
     n_real = float(real.sum())
     correct = (outputs.logits[real] > 0) == outputs.replaced[real]
     return {
