@@ -85,11 +85,13 @@ def test_compile_trains_saves_plain_names_and_resumes(
     but the graphs run eagerly: inductor's C++ code generation took 6 minutes here on 2 busy
     cores (scripts/bench.py --pretrain --compile times the real thing)."""
     compile_module = torch.nn.Module.compile
-    monkeypatch.setattr(
-        torch.nn.Module,
-        "compile",
-        lambda module, **options: compile_module(module, backend="aot_eager", **options),
-    )
+    modes = []
+
+    def compile_eagerly(module, mode=None, **options):  # a backend and a mode exclude each other
+        modes.append(mode)
+        compile_module(module, backend="aot_eager", **options)
+
+    monkeypatch.setattr(torch.nn.Module, "compile", compile_eagerly)
     out = tmp_path / "gpt"
     argv = [
         "--model", "gpt", "--preset", "tiny", "--tokenizer", str(tiny_tokenizer_dir),
@@ -97,11 +99,12 @@ def test_compile_trains_saves_plain_names_and_resumes(
         "--output-dir", str(out), "--seq-len", "32", "--batch-size", "8", "--seed", "3",
         "--validation-files", str(wikitext_slice), "--max-eval-samples", "16",
         "--eval-every", "2", "--save-every", "2", "--log-every", "2",
-        "--metric-for-best-model", "loss", "--compile",
+        "--metric-for-best-model", "loss", "--compile", "--compile-mode", "reduce-overhead",
     ]  # fmt: skip
     main([*argv, "--max-steps", "4"])
     results = json.loads((out / "train_results.json").read_text())
     assert results["compile_seconds"] > 0 and results["step"] == 4
+    assert modes == ["reduce-overhead"]
     assert "egbert: compiled the model in" in (out / "train.log").read_text()
     assert (out / "best" / "model.safetensors").is_file()
     assert files_naming(out, b"_orig_mod") == []

@@ -256,3 +256,37 @@ def test_pretrain_help_lists_the_source_options(capsys: pytest.CaptureFixture):
     for option in ("--dataset ", "--text-column", "--source-weights", "--validation-split ",
                    "--validation-split-percentage", "--shuffle-buffer"):  # fmt: skip
         assert option in shown, option
+
+
+@pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
+def test_pretraining_on_a_named_config_of_a_local_hub_style_folder(
+    tmp_path: Path, wikitext_slice: Path, tiny_tokenizer_dir: Path
+):
+    """--dataset-config picks one of a data set's configs, as on the Hub (here a local folder
+    whose README declares two, each with its own files)."""
+    articles = texts(sources.read_documents([wikitext_slice], doc_boundary="wikitext"))
+    folder = tmp_path / "hub-style"
+    for name, rows in (("short", articles[:3]), ("long", articles[:30])):
+        (folder / name).mkdir(parents=True)
+        lines = [json.dumps({"text": text}) for text in rows]
+        (folder / name / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    configs = "".join(
+        f"- config_name: {name}\n  data_files:\n  - split: train\n    path: {name}/train.jsonl\n"
+        for name in ("short", "long")
+    )
+    (folder / "README.md").write_text(f"---\nconfigs:\n{configs}---\n", encoding="utf-8")
+    assert (
+        texts(sources.load_documents(dataset=str(folder), dataset_config="short")) == (articles[:3])
+    )
+    result = egbert.run_pretraining(
+        model="gpt",
+        tokenizer=str(tiny_tokenizer_dir),
+        dataset=str(folder),
+        dataset_config="long",
+        output_dir=str(tmp_path / "run"),
+        seq_len=32,
+        batch_size=4,
+        max_steps=2,
+        use_cpu=True,  # the same few steps on any machine
+    )
+    assert result.step == 2
