@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from egbert import run_finetuning, run_pretraining
 from egbert.cli import main as cli_main
@@ -97,7 +98,7 @@ def test_pretraining_runs_with_every_option(bert_run, gpt_run):
     assert len(records(gpt_run, "train")) == 4
 
 
-def test_finetune_runs_with_every_option(bert_run, micro_data, tmp_path):
+def test_finetune_runs_with_every_option(bert_run, micro_data, tmp_path, monkeypatch):
     glue = micro_data / "glue"
     common = {"model": str(bert_run), "max_seq_length": 32, "batch_size": 8, "report_to": ["none"]}
     run_finetuning(
@@ -119,11 +120,20 @@ def test_finetune_runs_with_every_option(bert_run, micro_data, tmp_path):
     table = tmp_path / "scores.jsonl"
     scored = [{"a": r["sentence1"], "b": r["sentence2"], "s": float(r["score"])} for r in lines]
     table.write_text("".join(json.dumps(row) + "\n" for row in scored), encoding="utf-8")
+    compile_module, modes = torch.nn.Module.compile, []
+
+    def compile_eagerly(module, mode=None, **options):  # inductor takes minutes on 2 cores
+        modes.append(mode)
+        compile_module(module, backend="aot_eager", **options)
+
+    monkeypatch.setattr(torch.nn.Module, "compile", compile_eagerly)
     result = run_finetuning(
         train_file=str(table), validation_file=str(table), test_file=str(table),
-        text_columns=["a", "b"], label_column="s", regression=True,
-        output_dir=str(tmp_path / "custom"), epochs=1, **common,
+        text_columns=["a", "b"], label_column="s", regression=True, compile=True,
+        compile_mode="max-autotune-no-cudagraphs", output_dir=str(tmp_path / "custom"), epochs=1,
+        **common,
     )  # fmt: skip
+    assert modes == ["max-autotune-no-cudagraphs"] and result.results
     assert "pearson" in json.dumps(result.results[0]["metrics"])
     assert (tmp_path / "custom" / "predictions" / "custom.tsv").is_file()
 

@@ -262,8 +262,8 @@ def test_pretrain_help_lists_the_source_options(capsys: pytest.CaptureFixture):
 def test_pretraining_on_a_named_config_of_a_local_hub_style_folder(
     tmp_path: Path, wikitext_slice: Path, tiny_tokenizer_dir: Path
 ):
-    """--dataset-config picks one of a data set's configs, as on the Hub (here a local folder
-    whose README declares two, each with its own files)."""
+    """--dataset-config and --split pick one of a data set's configs and its split, as on the
+    Hub (here a local folder whose README declares two configs, each with its own files)."""
     articles = texts(sources.read_documents([wikitext_slice], doc_boundary="wikitext"))
     folder = tmp_path / "hub-style"
     for name, rows in (("short", articles[:3]), ("long", articles[:30])):
@@ -271,18 +271,18 @@ def test_pretraining_on_a_named_config_of_a_local_hub_style_folder(
         lines = [json.dumps({"text": text}) for text in rows]
         (folder / name / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     configs = "".join(
-        f"- config_name: {name}\n  data_files:\n  - split: train\n    path: {name}/train.jsonl\n"
+        f"- config_name: {name}\n  data_files:\n  - split: full\n    path: {name}/train.jsonl\n"
         for name in ("short", "long")
     )
     (folder / "README.md").write_text(f"---\nconfigs:\n{configs}---\n", encoding="utf-8")
-    assert (
-        texts(sources.load_documents(dataset=str(folder), dataset_config="short")) == (articles[:3])
-    )
+    short = sources.load_documents(dataset=str(folder), dataset_config="short", split="full")
+    assert texts(short) == articles[:3]
     result = egbert.run_pretraining(
         model="gpt",
         tokenizer=str(tiny_tokenizer_dir),
         dataset=str(folder),
         dataset_config="long",
+        split="full",  # the split the config names
         output_dir=str(tmp_path / "run"),
         seq_len=32,
         batch_size=4,

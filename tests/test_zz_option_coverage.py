@@ -22,6 +22,9 @@ DATACLASS_OPTIONS = {
 }
 # Options no test can give a job on this machine, and why.
 NOT_RUNNABLE: dict[tuple[str, str], str] = {}
+# The parser's own options, which no job receives: tests/test_front_door.py runs --config and
+# --print-config through every command.
+PARSER_OPTIONS = {"help", "config", "print_config"}
 
 
 def parser_of(command: str) -> argparse.ArgumentParser:
@@ -47,7 +50,7 @@ def command_options(command: str) -> set[str]:
     if command in DATACLASS_OPTIONS:
         return {f.name for cls in DATACLASS_OPTIONS[command] for f in dataclasses.fields(cls)}
     actions = parser_of(command)._actions
-    return {action.dest for action in actions if action.dest != "help"}
+    return {action.dest for action in actions if action.dest not in PARSER_OPTIONS}
 
 
 def whole_suite_ran(session: pytest.Session) -> bool:
