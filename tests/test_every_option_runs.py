@@ -108,7 +108,8 @@ def test_finetune_runs_with_every_option(bert_run, micro_data, tmp_path, monkeyp
         output_dir=str(tmp_path / "rte"), max_steps=3, log_every=1, eval_every=3,
         adam_beta1=0.85, adam_beta2=0.99, adam_epsilon=1e-6, weight_decay=0.0, grad_accum=2,
         label_smoothing=0.1, max_grad_norm=0.5, num_workers=1, schedule="cosine",
-        skip_nonfinite=1, use_cpu=True, ddp_find_unused_parameters=True, resume_anyway=True,
+        skip_nonfinite=1, use_cpu=True, ddp_find_unused_parameters=True, resume=True,
+        resume_anyway=True,
         **common,
     )  # fmt: skip
     assert [record["step"] for record in records(tmp_path / "rte", "eval")] == [3]
