@@ -107,7 +107,10 @@ def test_an_unreachable_hub_fails_in_one_line(run_dir: Path, monkeypatch) -> Non
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
     with pytest.raises(SystemExit) as exit_info:
-        cli(["push", "--repo-id", REPO_ID, "--folder", str(run_dir)])
+        cli(
+            ["push", "--repo-id", REPO_ID, "--folder", str(run_dir), "--revision", "dev"]
+            + ["--commit-message", "tiny gpt"]
+        )
     message = str(exit_info.value)
     assert "cannot reach the Hub at http://127.0.0.1:9" in message
     assert "\n" not in message
