@@ -7,7 +7,11 @@ import dataclasses
 import functools
 import importlib
 import os
+import signal
+import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -138,6 +142,20 @@ def tiny_egbert_bert_dir(
     EgbertBertModel(EgbertBertConfig(vocab_size=len(tokenizer), **sizes)).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def kill_once(command: list[str], env: dict, reached: Callable[[], bool], what: str) -> None:
+    """Start `command`, SIGKILL it as soon as `reached()` (within 120 s; `what` names it for
+    the failure), and check that the kill, not an exit, ended it."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not reached():
+        assert process.poll() is None, process.stdout.read().decode()[-2000:]
+        assert time.monotonic() < deadline, f"no {what} after 120 s"
+        time.sleep(0.005)
+    process.kill()
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
 
 
 # ---------------------------------------------------------------- option coverage

@@ -5,15 +5,14 @@ SIGKILL + resume from a folder."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import kill_once
 from safetensors.torch import load_file
 from test_pretrain_run import _newest_checkpoint_epoch, split_records
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -257,17 +256,9 @@ def test_sigkill_then_resume_from_a_folder_equals_a_clean_run(
 
     out = tmp_path / "killed"
     command = [sys.executable, "-m", "egbert.cli", *argv, "--output-dir", str(out), "--resume"]
-    process = subprocess.Popen(
-        command, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    deadline = time.monotonic() + 120
-    while _newest_checkpoint_epoch(out) < 1:
-        assert process.poll() is None, process.stdout.read().decode()[-2000:]
-        assert time.monotonic() < deadline, "no checkpoint in epoch 1 after 120 s"
-        time.sleep(0.005)
-    process.kill()
-    process.wait()
-    assert process.returncode == -signal.SIGKILL and not (out / "model").exists()
+    in_epoch_1 = lambda: _newest_checkpoint_epoch(out) >= 1  # noqa: E731
+    kill_once(command, subprocess_env, in_epoch_1, "checkpoint in epoch 1")
+    assert not (out / "model").exists()
     resumed = subprocess.run(command, env=subprocess_env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import kill_once
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
@@ -267,15 +266,7 @@ def test_sigkill_in_the_second_epoch_then_resume_equals_a_clean_run(
     argv = pretrain_argv("bert", tiny_tokenizer_dir, corpus["short"], out, *extra, "--resume")
     env = subprocess_env
     command = [sys.executable, "-m", "egbert.cli", "pretrain", *argv]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while _newest_checkpoint_epoch(out) < 1:
-        assert process.poll() is None, process.stdout.read().decode()[-2000:]
-        assert time.monotonic() < deadline, "no checkpoint in epoch 1 after 120 s"
-        time.sleep(0.005)
-    process.kill()
-    process.wait()
-    assert process.returncode == -signal.SIGKILL
+    kill_once(command, env, lambda: _newest_checkpoint_epoch(out) >= 1, "checkpoint in epoch 1")
     assert not (out / "model").exists()
 
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

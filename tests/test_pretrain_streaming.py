@@ -5,15 +5,14 @@ shuffle buffer), and the options a stream refuses."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import datasets
 import pytest
 import torch
+from conftest import kill_once
 from safetensors.torch import load_file
 
 import egbert
@@ -194,16 +193,8 @@ def test_a_killed_streamed_run_resumes_to_the_clean_runs_weights(
 
     out = tmp_path / "killed"
     command = [sys.executable, "-m", "egbert.cli", "pretrain", *argv, "--output-dir", str(out)]
-    process = subprocess.Popen(command, env=subprocess_env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while _newest_step(out) < 8:
-        assert process.poll() is None, process.stdout.read().decode()[-2000:]
-        assert time.monotonic() < deadline, "no checkpoint at step 8 after 120 s"
-        time.sleep(0.005)
-    process.kill()
-    process.wait()
-    assert process.returncode == -signal.SIGKILL and not (out / "model").exists()
+    kill_once(command, subprocess_env, lambda: _newest_step(out) >= 8, "checkpoint at step 8")
+    assert not (out / "model").exists()
     killed_at = _newest_step(out)
     assert (out / f"checkpoints/step-{killed_at}/stream_position_0.json").is_file()
 
