@@ -1,5 +1,6 @@
 """What the machine can do and how to set it up for training: the device and the Accelerator,
-whether bf16 pays off, the matmul peak, and glibc's allocator settings for CPU training.
+whether bf16 pays off, the matmul peak, glibc's allocator settings for CPU training, and the
+signal handlers that stop a run gracefully.
 
 The trainer, quickstart's step-time probe and scripts/bench.py use these, so that all three see
 the same device and the same process settings.
@@ -12,8 +13,12 @@ import functools
 import math
 import os
 import platform
+import signal
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -77,6 +82,13 @@ def matmul_peak_flops(device: str, dtype: torch.dtype, repeats: int = 3) -> floa
     divide by the same number."""
     size = 2048 if torch.device(device).type == "cpu" else 8192
     return matmul_gflops(str(device), dtype, size, repeats) * 1e9
+
+
+def run_matmul_peak_flops(accelerator: Accelerator) -> float:
+    """All processes' matmul peak at the run's precision (measured once per process), the
+    denominator of the training log's MFU."""
+    dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
+    return matmul_peak_flops(accelerator.device.type, dtype) * accelerator.num_processes
 
 
 def bf16_pays_off(device: str) -> bool:
@@ -216,3 +228,32 @@ def check_deepspeed_options(args: TrainingArguments) -> None:
             f"with DeepSpeed egbert does not support {', '.join(named)}; drop it, or train with "
             "DDP or FSDP (configs/accelerate/ddp.yaml, fsdp.yaml)"
         )
+
+
+@contextmanager
+def stop_on_signals(request_stop: Callable[[int], None]) -> Iterator[None]:
+    """SIGINT / SIGTERM call `request_stop(signum)` the first time; a second one exits now."""
+    received: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if received:
+            sys.stderr.write("egbert: second signal, exiting now\n")
+            sys.stderr.flush()
+            os._exit(128 + signum)
+        received.append(signum)
+        sys.stderr.write(
+            f"\negbert: {signal.Signals(signum).name}: stopping after this step and saving a "
+            "checkpoint (send it again to exit at once)\n"
+        )
+        sys.stderr.flush()
+        request_stop(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # else leave them be
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)

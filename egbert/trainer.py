@@ -9,19 +9,14 @@ graceful stop on SIGINT/SIGTERM, and at the end the model in `OUTPUT_DIR/model/`
 repository holds: weights, config, tokenizer, card) with checkpoints and logs beside it. Device
 facts live in egbert.runtime; the run's logs, trackers, loss curve and card in egbert.report.
 
-Data. Training examples come from a map-style dataset shuffled by Accelerate's seedable sampler
-(epoch e's order is a function of seed + e, so any epoch can be replayed on resume), or from a
-streaming `datasets.IterableDataset`: each process reads its own shards of it
-(`split_dataset_by_node`; no batches dispatched from rank 0), and a checkpoint keeps each
-process's position in it (`IterableDataset.state_dict()`), from which a resume goes on instead of
-replaying the batches already trained. Collators must not draw from the global RNG (the loader
-runs one batch ahead, so that stream would shift on resume); seed per example or per epoch
-instead, as egbert's collators do. A collator's `set_epoch(epoch)` is called each epoch.
+Data. Training examples come from a map-style dataset (shuffled per epoch, replayable on resume)
+or a streaming `datasets.IterableDataset` (split between the processes, its position kept in
+each checkpoint): egbert.batches, which also says what collators must not do. A collator's
+`set_epoch(epoch)` is called each epoch. The step's numbers stay on the device until the
+processes agree on them at log, evaluation and save steps: egbert.step_numbers.
 
-Evaluation reports each evaluation set's mean loss, plus `batch_metrics(batch, outputs)` summed
-over batches (for metrics too large to gather, such as MLM accuracy) and
-`compute_metrics(EvalPrediction)` over the gathered logits and labels (as transformers' Trainer);
-then `finalize_metrics(metrics)` may derive more. `predict(dataset)` gives the logits alone.
+Evaluation (each evaluation set's loss and metrics, `predict(dataset)` for the logits alone):
+egbert.evaluator. The signal handlers and the matmul peak of MFU: egbert.runtime.
 
 Precision: `bf16` true or false decides; left unset, the launch config's `mixed_precision`
 (`accelerate launch --config_file ...`) does, and without one training runs in fp32.
@@ -35,31 +30,24 @@ from __future__ import annotations
 import errno
 import functools
 import itertools
-import json
 import math
-import os
-import signal
-import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import datasets
 import torch
-from accelerate.data_loader import prepare_data_loader
 from accelerate.utils import set_seed
-from datasets.distributed import split_dataset_by_node
 from safetensors.torch import load_model
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import Dataset, IterableDataset
 from tqdm.auto import tqdm
 from transformers import EvalPrediction
 
 from egbert import optimization, report
+from egbert.batches import StreamPosition, real_tokens, sequence_length, stream_loader, train_loader
 from egbert.checkpoints import (
     OPTIONS,
     RUN_MODEL_DIR,
@@ -72,12 +60,22 @@ from egbert.checkpoints import (
 )
 from egbert.config import TrainingArguments
 from egbert.errors import CheckpointError, ConfigError, DataError, TrainingError
+from egbert.evaluator import BatchMetrics, Evaluator, label_smoothing
 from egbert.runtime import (
     keep_freed_memory_in_process,
     make_accelerator,
-    matmul_peak_flops,
+    run_matmul_peak_flops,
     slow_bf16_warning,
+    stop_on_signals,
     synchronize,
+)
+from egbert.step_numbers import (
+    PendingSteps,
+    Place,
+    StepNumbers,
+    default_flops_per_token,
+    loss_parts,
+    nonfinite_place,
 )
 
 # Errors of writing files: a full disk or quota, a read-only or forbidden output directory.
@@ -86,10 +84,6 @@ WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACC
 # torch._dynamo settings of --compile: bert's sparse MLM head selects the masked positions
 # (a size known only from the data) and elmo runs nn.LSTM, both graph breaks without these.
 COMPILE_SETTINGS = {"capture_dynamic_output_shape_ops": True, "allow_rnn": True}
-
-# (batch, outputs) -> {metric name: (sum, count)}: summed over batches and processes, reported
-# as sum / count. Lets a job add accuracies to the eval loss without the trainer knowing them.
-BatchMetrics = Callable[[dict[str, Any], Any], dict[str, tuple[float, float]]]
 
 
 @dataclass
@@ -106,250 +100,6 @@ class TrainOutput:
     interrupted: bool  # stopped by a signal: a checkpoint is saved but no final model
     model_dir: Path | None  # the saved model (None when interrupted)
     compile_seconds: float = 0.0  # --compile: the first step's time, left out of the above
-
-
-# ---------------------------------------------------------------- batches
-
-
-def loss_parts(outputs: Any) -> dict[str, torch.Tensor]:
-    """The loss and the parts a model reports beside it, its scalar `*_loss` fields (bert's
-    mlm_loss and nsp_loss, elmo's forward_loss and backward_loss, ...), detached: the training
-    log shows each."""
-    parts = {"loss": outputs.loss.detach().float()}
-    fields = outputs.items() if isinstance(outputs, Mapping) else ()  # a ModelOutput is one
-    for name, value in fields:
-        if name.endswith("_loss") and torch.is_tensor(value) and value.dim() == 0:
-            parts[name] = value.detach().float()
-    return parts
-
-
-def real_tokens(batch: dict[str, Any]) -> torch.Tensor | int:
-    """Real tokens in a batch: the attention mask's sum (left on the device: reading it would
-    stall the step), else the size of input_ids."""
-    if batch.get("attention_mask") is not None:
-        return batch["attention_mask"].sum()
-    if "input_ids" in batch:
-        return batch["input_ids"].numel()
-    return 0
-
-
-def sequence_length(batch: dict[str, Any]) -> int:
-    """The batch's padded length (a shape, known on the host), which the attention FLOPs scale
-    with; 0 for a batch without input_ids."""
-    ids = batch.get("input_ids")
-    return ids.shape[-1] if ids is not None else 0
-
-
-def loader_workers(args: TrainingArguments, device: torch.device) -> int:
-    """--num-workers, else 2 on a GPU (collating beside the step pays there) and 0 on the CPU
-    (where workers take cores from the step itself; docs/performance.md)."""
-    if args.num_workers is not None:
-        return args.num_workers
-    return 0 if device.type == "cpu" else 2
-
-
-def default_flops_per_token(model: torch.nn.Module) -> Callable[[int], float] | None:
-    """The model's own `flops_per_token(seq_len)` (egbert's pretraining models), else 6 FLOPs
-    per weight outside the embeddings (transformers' `floating_point_ops` estimate), else None:
-    no MFU in the log."""
-    own = getattr(model, "flops_per_token", None)
-    if own is not None:
-        return own
-    if hasattr(model, "num_parameters"):
-        dense = 6.0 * model.num_parameters(exclude_embeddings=True)
-        return lambda seq_len: dense
-    return None
-
-
-def _batch_size(batch: dict[str, Any]) -> int:
-    return next(value.size(0) for value in batch.values() if isinstance(value, torch.Tensor))
-
-
-def nonfinite_place(place: tuple[int, int, int]) -> str:
-    step, epoch, batch = place
-    return f"at step {step} (epoch {epoch}, batch {batch} of the epoch)"
-
-
-class StepNumbers:
-    """One optimizer step's numbers, on the device: (tokens, timed tokens, FLOPs) and the mean
-    of each loss part over its batches."""
-
-    def __init__(
-        self,
-        tokens: torch.Tensor | int,
-        flops: torch.Tensor | float,
-        losses: dict[str, torch.Tensor],
-        device: torch.device,
-    ) -> None:
-        def on_device(value: torch.Tensor | float) -> torch.Tensor:
-            if torch.is_tensor(value):
-                return value.to(torch.float64)
-            # a host number added to a device zero: a kernel argument, where torch.tensor(value,
-            # device=...) would copy it over and wait for the copy
-            return torch.zeros((), dtype=torch.float64, device=device) + value
-
-        self.tokens = on_device(tokens)
-        self.timed = torch.stack([self.tokens, on_device(flops)])  # tokens, FLOPs of tokens/s
-        self.losses = {name: value.to(torch.float64) for name, value in losses.items()}
-
-
-class PendingSteps:
-    """The steps since the processes last agreed, summed on the device: tokens, timed tokens,
-    FLOPs and losses, and the first step whose loss was not finite (inf: none), with each
-    step's place (step, epoch, batch) for the message that names it."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-        self.totals: torch.Tensor | None = None  # (tokens, timed tokens, FLOPs)
-        self.losses: dict[str, torch.Tensor] = {}
-        self.first_nonfinite: torch.Tensor | None = None
-        self.places: list[tuple[int, int, int]] = []
-
-    def add(self, step: StepNumbers, place: tuple[int, int, int]) -> None:
-        totals = torch.cat([step.tokens.reshape(1), step.timed])
-        nonfinite = torch.where(
-            torch.isfinite(step.losses["loss"]), math.inf, float(len(self.places))
-        )
-        if self.steps == 0:
-            self.totals, self.losses, self.first_nonfinite = totals, dict(step.losses), nonfinite
-        else:
-            self.totals = self.totals + totals
-            self.losses = {name: self.losses[name] + step.losses[name] for name in self.losses}
-            self.first_nonfinite = torch.minimum(self.first_nonfinite, nonfinite)
-        self.places.append(place)
-        self.steps += 1
-
-
-# ---------------------------------------------------------------- loading, smoothing, signals
-
-
-def train_loader(
-    dataset: Dataset | IterableDataset,
-    args: TrainingArguments,
-    collator: Callable,
-    device: torch.device,
-) -> DataLoader:
-    """The training batches: a map-style dataset shuffled (Accelerate's seedable sampler, once
-    prepared), a streaming one in order."""
-    options = {
-        "batch_size": args.batch_size,
-        "collate_fn": collator,
-        "num_workers": loader_workers(args, device),
-        # pinned batches let Accelerate copy them to the GPU without waiting for the step before
-        "pin_memory": device.type == "cuda",
-        # The loader draws its workers' base seed from this generator, not the global RNG,
-        # which must advance only with the model's own random ops (dropout) for exact resume.
-        "generator": torch.Generator().manual_seed(args.seed),
-    }
-    if args.batch_ramp_to is not None and args.budget_minutes is None and not args.max_steps:
-        # epochs hold fewer batches per step at the start than at the end: no fixed length
-        raise ConfigError(
-            f"--batch-ramp-to {args.batch_ramp_to} needs a run length: --budget-minutes or "
-            "--max-steps"
-        )
-    if isinstance(dataset, IterableDataset):
-        if args.max_steps is None and (args.budget_minutes is None or args.epochs is not None):
-            raise ConfigError(
-                "streaming training data has no length; give --max-steps, or "
-                "--budget-minutes without --epochs"
-            )
-        if isinstance(dataset, datasets.IterableDataset):
-            if args.num_workers:
-                raise ConfigError(
-                    f"--num-workers {args.num_workers} with a stream: its position for --resume "
-                    "is kept by the main process's reader; drop --num-workers (each training "
-                    "process already reads its own shards)"
-                )
-            options["num_workers"] = 0
-        return DataLoader(dataset, **options)
-    if len(dataset) == 0:
-        raise DataError("the training data set is empty; check the training files")
-    return DataLoader(dataset, shuffle=True, **options)
-
-
-class StreamPosition:
-    """Where a streamed data set stands after the batches trained so far.
-
-    The loader runs ahead of training (Accelerate fetches one batch early), so the stream's own
-    `state_dict()` is ahead too. This wraps the loader's collator: each batch it makes records
-    the stream's state at that point, and `consumed(n)` takes the states of the n batches just
-    trained, in order; `trained` is then the state to resume from.
-    """
-
-    def __init__(self, stream: datasets.IterableDataset, collator: Callable) -> None:
-        self.stream, self.collator = stream, collator
-        self.pending: deque[dict[str, Any]] = deque()
-        self.trained: dict[str, Any] | None = None
-
-    def __call__(self, examples: list[Any]) -> dict[str, Any]:
-        batch = self.collator(examples)
-        self.pending.append(self.stream.state_dict())
-        return batch
-
-    def restart(self) -> None:
-        """A new pass over the stream: batches made ahead by the last one are not trained."""
-        self.pending.clear()
-
-    def consumed(self, batches: int) -> None:
-        for _ in range(batches):
-            self.trained = self.pending.popleft()
-
-
-def split_stream(
-    stream: datasets.IterableDataset, rank: int, world_size: int
-) -> datasets.IterableDataset:
-    """This process's part of a stream: whole shards when there are at least as many as
-    processes (each process reads and tokenizes only its own), else every world_size-th example
-    (each process reads the whole stream)."""
-    if stream.num_shards >= world_size and stream.num_shards % world_size:
-        # split_dataset_by_node would fall back to every world_size-th example here; shards
-        # read whole are cheaper, even if some processes get one more than others.
-        return stream.shard(num_shards=world_size, index=rank, contiguous=False)
-    return split_dataset_by_node(stream, rank=rank, world_size=world_size)
-
-
-@contextmanager
-def label_smoothing(model: torch.nn.Module, value: float | None) -> Iterator[None]:
-    """The model's label smoothing (a config field of egbert's models) set to `value` for a
-    while; None, or a model without it: unchanged."""
-    config = getattr(model, "config", None)
-    if value is None or not hasattr(config, "label_smoothing"):
-        yield
-        return
-    saved, config.label_smoothing = config.label_smoothing, value
-    try:
-        yield
-    finally:
-        config.label_smoothing = saved
-
-
-@contextmanager
-def stop_on_signals(request_stop: Callable[[int], None]) -> Iterator[None]:
-    """SIGINT / SIGTERM call `request_stop(signum)` the first time; a second one exits now."""
-    received: list[int] = []
-
-    def handler(signum: int, frame: object) -> None:
-        if received:
-            sys.stderr.write("egbert: second signal, exiting now\n")
-            sys.stderr.flush()
-            os._exit(128 + signum)
-        received.append(signum)
-        sys.stderr.write(
-            f"\negbert: {signal.Signals(signum).name}: stopping after this step and saving a "
-            "checkpoint (send it again to exit at once)\n"
-        )
-        sys.stderr.flush()
-        request_stop(signum)
-
-    previous = {}
-    if threading.current_thread() is threading.main_thread():  # else leave them be
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, handler)
-    try:
-        yield
-    finally:
-        for signum, handler_before in previous.items():
-            signal.signal(signum, handler_before)
 
 
 # ---------------------------------------------------------------- the trainer
@@ -395,9 +145,6 @@ class Trainer:
         self.args = args
         self.output_dir = Path(args.output_dir)
         self.data_collator = data_collator
-        self.eval_collator = eval_collator or data_collator
-        self.batch_metrics, self.compute_metrics = batch_metrics, compute_metrics
-        self.finalize_metrics = finalize_metrics
         self.tokenizer, self.card = tokenizer, card
         self.epoch_ends = epoch_ends
         self.accelerator = make_accelerator(args, self.output_dir)
@@ -438,7 +185,9 @@ class Trainer:
         self.stream: StreamPosition | None = None
         if isinstance(train_dataset, datasets.IterableDataset):
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-            self.train_loader = self._stream_loader(train_dataset)
+            self.train_loader, self.stream = stream_loader(
+                train_dataset, args, data_collator, self.accelerator, self.log.message
+            )
         else:
             loader = train_loader(train_dataset, args, data_collator, self.accelerator.device)
             self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
@@ -455,8 +204,17 @@ class Trainer:
         if eval_dataset is not None and not isinstance(eval_dataset, dict):
             eval_dataset = {"": eval_dataset}
         self.eval_sets = eval_dataset or {}
-        self.eval_loaders = {name: self._loader(data) for name, data in self.eval_sets.items()}
-        self._unwrapped = self.accelerator.unwrap_model(self.model)
+        self.evaluator = Evaluator(
+            self.model,
+            self.accelerator,
+            args,
+            eval_collator or data_collator,
+            self.eval_sets,
+            batch_metrics,
+            compute_metrics,
+            finalize_metrics,
+        )
+        self._unwrapped = self.evaluator.unwrapped
         # The schedule's length needs the per-process number of batches, known after prepare
         # (a stream has none: train_loader asked for --max-steps or a budget).
         steps_per_epoch = 0 if self.stream else math.ceil(len(self.train_loader) / args.grad_accum)
@@ -476,31 +234,6 @@ class Trainer:
             args.budget_minutes is not None and self.accelerator.num_processes > 1
         )
         self.compile_seconds = 0.0
-        self._peak_flops: float | None = None
-
-    def _stream_loader(self, stream: datasets.IterableDataset) -> DataLoader:
-        """The batches of this process's part of the stream, on its device. Not through
-        `accelerator.prepare`, which would split the stream again (or with dispatch_batches
-        have rank 0 read all of it)."""
-        accelerator = self.accelerator
-        if accelerator.num_processes > 1:
-            if stream.num_shards < accelerator.num_processes:
-                self.log.message(
-                    f"egbert: the stream has {stream.num_shards} shard(s) for "
-                    f"{accelerator.num_processes} processes: each reads all of it and keeps "
-                    "its share of the examples (more files, or larger ones, make more shards)"
-                )
-            stream = split_stream(stream, accelerator.process_index, accelerator.num_processes)
-        self.stream = StreamPosition(stream, self.data_collator)
-        loader = train_loader(stream, self.args, self.stream, accelerator.device)
-        return prepare_data_loader(
-            loader,
-            device=accelerator.device,
-            num_processes=1,  # already split
-            process_index=0,
-            put_on_device=True,
-            dispatch_batches=False,
-        )
 
     def _lr_multiplier(self, step: int) -> float:
         return optimization.lr_multiplier(
@@ -723,41 +456,22 @@ class Trainer:
         if first_nonfinite is not None:
             self._raise_nonfinite(*first_nonfinite)
 
-    def _agree(self) -> tuple[float, tuple[int, int, int]] | None:
-        """One collective over the pending steps, so that every process agrees on the mean
-        losses, the token and FLOP counts, whether a loss was not finite (then (its window's
-        loss, (step, epoch, batch)) of the first such step is returned and nothing is added to
-        the window), whether to stop (a signal reached one of them) and the elapsed time (the
-        budget schedule must give every replica the same lr)."""
-        pending, names = self._pending, list(self._pending.losses)
-        local = torch.cat(
-            [
-                pending.totals,
-                pending.first_nonfinite.reshape(1),
-                torch.tensor(
-                    [float(self._signal_received is not None), self.state.elapsed_seconds],
-                    dtype=torch.float64,
-                    device=self.accelerator.device,
-                ),
-                torch.stack([pending.losses[name] for name in names]),
-            ]
-        )
-        every = self.accelerator.gather(local.unsqueeze(0)).cpu()  # (processes, 6 + losses)
-        tokens, timed_tokens, flops = every[:, :3].sum(dim=0).tolist()
-        first_nonfinite, signal, elapsed = every[:, 3].min(), every[:, 4].max(), every[:, 5].max()
-        losses = dict(zip(names, every[:, 6:].mean(dim=0).tolist(), strict=True))
-        self.state.elapsed_seconds = float(elapsed)
-        # Only this agreed flag stops the run, so all processes leave the loop at the same step.
-        self._stopping = self._stopping or bool(signal > 0)
-        places, steps = pending.places, pending.steps
+    def _agree(self) -> tuple[float, Place] | None:
+        """The processes agree on the pending steps (`PendingSteps.agree`): the losses and token
+        counts go to the log window, unless a loss was not finite: then (its window's loss, its
+        place) of the first such step is returned and nothing is added."""
+        signal_here = self._signal_received is not None
+        agreed = self._pending.agree(self.accelerator, signal_here, self.state.elapsed_seconds)
         self._pending = PendingSteps()
-        if math.isfinite(first_nonfinite):
-            return losses["loss"], places[int(first_nonfinite)]
-        self.state.tokens_seen += int(tokens)
-        self._window.add(losses, steps, timed_tokens, flops)
+        self.state.elapsed_seconds = agreed.elapsed_seconds
+        self._stopping = self._stopping or agreed.stop
+        if agreed.first_nonfinite is not None:
+            return agreed.first_nonfinite
+        self.state.tokens_seen += int(agreed.tokens)
+        self._window.add(agreed.losses, agreed.steps, agreed.timed_tokens, agreed.flops)
         return None
 
-    def _skip_nonfinite_step(self, found: tuple[float, tuple[int, int, int]]) -> None:
+    def _skip_nonfinite_step(self, found: tuple[float, Place]) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         state = self.state
         state.skipped_nonfinite += 1
@@ -769,7 +483,7 @@ class Trainer:
             f"({state.skipped_nonfinite} of {self.args.skip_nonfinite} allowed)"
         )
 
-    def _raise_nonfinite(self, loss: float, place: tuple[int, int, int]) -> None:
+    def _raise_nonfinite(self, loss: float, place: Place) -> None:
         raise TrainingError(
             f"the loss is {loss} {nonfinite_place(place)}; lower --lr, check the data, or pass "
             f"--skip-nonfinite N to skip up to N such steps"
@@ -818,84 +532,19 @@ class Trainer:
         self._window = report.LossWindow(state.elapsed_seconds)
 
     def _matmul_peak(self) -> float | None:
-        """All processes' matmul peak at the training precision (runtime.matmul_peak_flops,
-        measured once per process), MFU's denominator; None without a FLOP count."""
-        if self.flops_per_token is None:
-            return None
-        if self._peak_flops is None:
-            bf16 = self.accelerator.mixed_precision == "bf16"
-            dtype = torch.bfloat16 if bf16 else torch.float32
-            peak = matmul_peak_flops(self.accelerator.device.type, dtype)
-            self._peak_flops = peak * self.accelerator.num_processes
-        return self._peak_flops
+        """MFU's denominator; None without a FLOP count."""
+        return None if self.flops_per_token is None else run_matmul_peak_flops(self.accelerator)
 
     # ------------------------------------------------------------ evaluation and prediction
 
     def evaluate(self) -> dict[str, float]:
         """Each evaluation set's mean loss and metrics, over all processes; label smoothing off."""
-        metrics: dict[str, float] = {}
-        for name, loader in self.eval_loaders.items():
-            logits, labels, sums = self._run_model(loader, keep_logits=bool(self.compute_metrics))
-            found = {key: total / count if count else math.nan for key, (total, count) in sums}
-            if self.compute_metrics is not None:
-                found |= self.compute_metrics(EvalPrediction(predictions=logits, label_ids=labels))
-            metrics |= {f"{name}_{key}" if name else key: value for key, value in found.items()}
-        if self.finalize_metrics is not None:
-            metrics = self.finalize_metrics(metrics)
-        return metrics
+        return self.evaluator.evaluate()
 
     def predict(self, dataset: Dataset) -> EvalPrediction:
         """The model's logits for every example of `dataset` (in order, over all processes),
         with the labels where the dataset has them."""
-        logits, labels, _ = self._run_model(self._loader(dataset), keep_logits=True)
-        return EvalPrediction(predictions=logits, label_ids=labels)
-
-    def _loader(self, dataset: Dataset) -> DataLoader:
-        loader = DataLoader(
-            dataset,
-            batch_size=self.args.batch_size,
-            collate_fn=self.eval_collator,
-            num_workers=loader_workers(self.args, self.accelerator.device),
-            pin_memory=self.accelerator.device.type == "cuda",
-            generator=torch.Generator().manual_seed(self.args.seed),
-        )
-        return self.accelerator.prepare(loader)
-
-    def _run_model(self, loader: DataLoader, keep_logits: bool) -> tuple[Any, Any, list]:
-        """(logits, labels, [(metric, (sum, count))]) of one pass over `loader`: the logits and
-        labels gathered from every process when `keep_logits`, the loss and batch metrics
-        summed over batches and processes."""
-        sums: dict[str, list[float]] = {}
-        logits, labels = [], []
-        self.model.eval()
-        with torch.no_grad(), label_smoothing(self._unwrapped, 0.0):
-            for batch in loader:
-                outputs = self.model(**batch)
-                parts = {}
-                if outputs.loss is not None:
-                    size = _batch_size(batch)
-                    parts["loss"] = (outputs.loss.item() * size, size)
-                if self.batch_metrics is not None:
-                    parts |= self.batch_metrics(batch, outputs)
-                for name, (total, count) in parts.items():
-                    entry = sums.setdefault(name, [0.0, 0.0])
-                    entry[0] += float(total)
-                    entry[1] += float(count)
-                if keep_logits:
-                    logits.append(self.accelerator.gather_for_metrics(outputs.logits).float())
-                    if "labels" in batch:
-                        labels.append(self.accelerator.gather_for_metrics(batch["labels"]))
-        self.model.train()
-        names = sorted(sums)
-        local = torch.tensor(
-            [sums[name] for name in names], dtype=torch.float64, device=self.accelerator.device
-        ).reshape(-1, 2)
-        totals = self.accelerator.reduce(local, reduction="sum").cpu().tolist()
-        return (
-            torch.cat(logits).cpu().numpy() if logits else None,
-            torch.cat(labels).cpu().numpy() if labels else None,
-            list(zip(names, totals, strict=True)),
-        )
+        return self.evaluator.predict(dataset)
 
     def _evaluate_and_track(self) -> dict[str, float]:
         metrics = self.evaluate()
@@ -963,23 +612,16 @@ class Trainer:
             self.state.step, asdict(self.state), self._save_stream_position, self._write_tokenizer
         )
 
-    def _stream_position_file(self, checkpoint: Path) -> Path:
-        return checkpoint / f"stream_position_{self.accelerator.process_index}.json"
-
     def _save_stream_position(self, checkpoint: Path) -> None:
         """Each process's position in its part of the stream (nothing for map-style data,
         whose position is the sampler's and the batch count)."""
-        if self.stream is not None and self.stream.trained is not None:
-            text = json.dumps(self.stream.trained)
-            self._stream_position_file(checkpoint).write_text(text, encoding="utf-8")
+        if self.stream is not None:
+            self.stream.save(checkpoint, self.accelerator.process_index)
 
     def _load_stream_position(self, checkpoint: Path) -> None:
-        path = self._stream_position_file(checkpoint)
-        if self.stream is None:
-            return
-        if path.is_file():
-            self.stream.stream.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
-        else:  # a checkpoint of a run that was not streamed (--resume-anyway)
+        if self.stream is not None and not self.stream.load(
+            checkpoint, self.accelerator.process_index
+        ):
             self.log.message(
                 f"egbert: {checkpoint} holds no stream position; reading from the start"
             )

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 import egbert
 from egbert.errors import ConfigError
 from egbert.pretrain import sources
-from egbert.trainer import split_stream
+from egbert.batches import split_stream
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 

@@ -1,0 +1,208 @@
+"""The trainer's batches: its data loaders, a streamed data set's position for resume, and what a
+batch holds that the log counts (real tokens, padded length).
+
+Map-style training data is shuffled by Accelerate's seedable sampler (epoch e's order is a
+function of seed + e, so any epoch can be replayed on resume). A streaming
+`datasets.IterableDataset` is split between the processes (each reads its own shards,
+`split_dataset_by_node`; no batches dispatched from rank 0), and a checkpoint keeps each process's
+position in it (`IterableDataset.state_dict()`), from which a resume goes on instead of replaying
+the batches already trained. Collators must not draw from the global RNG (the loader runs one
+batch ahead, so that stream would shift on resume); seed per example or per epoch instead, as
+egbert's collators do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from accelerate import Accelerator
+from accelerate.data_loader import prepare_data_loader
+from datasets.distributed import split_dataset_by_node
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from egbert.config import TrainingArguments
+from egbert.errors import ConfigError, DataError
+
+
+def loader_workers(args: TrainingArguments, device: torch.device) -> int:
+    """--num-workers, else 2 on a GPU (collating beside the step pays there) and 0 on the CPU
+    (where workers take cores from the step itself; docs/performance.md)."""
+    if args.num_workers is not None:
+        return args.num_workers
+    return 0 if device.type == "cpu" else 2
+
+
+def loader_options(args: TrainingArguments, collator: Callable, device: torch.device) -> dict:
+    """What every loader of a run shares: batch size, collator, workers, pinning and seed."""
+    return {
+        "batch_size": args.batch_size,
+        "collate_fn": collator,
+        "num_workers": loader_workers(args, device),
+        # pinned batches let Accelerate copy them to the GPU without waiting for the step before
+        "pin_memory": device.type == "cuda",
+        # The loader draws its workers' base seed from this generator, not the global RNG,
+        # which must advance only with the model's own random ops (dropout) for exact resume.
+        "generator": torch.Generator().manual_seed(args.seed),
+    }
+
+
+def train_loader(
+    dataset: Dataset | IterableDataset,
+    args: TrainingArguments,
+    collator: Callable,
+    device: torch.device,
+) -> DataLoader:
+    """The training batches: a map-style dataset shuffled (Accelerate's seedable sampler, once
+    prepared), a streaming one in order."""
+    options = loader_options(args, collator, device)
+    if args.batch_ramp_to is not None and args.budget_minutes is None and not args.max_steps:
+        # epochs hold fewer batches per step at the start than at the end: no fixed length
+        raise ConfigError(
+            f"--batch-ramp-to {args.batch_ramp_to} needs a run length: --budget-minutes or "
+            "--max-steps"
+        )
+    if isinstance(dataset, IterableDataset):
+        if args.max_steps is None and (args.budget_minutes is None or args.epochs is not None):
+            raise ConfigError(
+                "streaming training data has no length; give --max-steps, or "
+                "--budget-minutes without --epochs"
+            )
+        if isinstance(dataset, datasets.IterableDataset):
+            if args.num_workers:
+                raise ConfigError(
+                    f"--num-workers {args.num_workers} with a stream: its position for --resume "
+                    "is kept by the main process's reader; drop --num-workers (each training "
+                    "process already reads its own shards)"
+                )
+            options["num_workers"] = 0
+        return DataLoader(dataset, **options)
+    if len(dataset) == 0:
+        raise DataError("the training data set is empty; check the training files")
+    return DataLoader(dataset, shuffle=True, **options)
+
+
+def eval_loader(
+    dataset: Dataset, args: TrainingArguments, collator: Callable, accelerator: Accelerator
+) -> DataLoader:
+    """An evaluation or prediction set's batches, in order, split between the processes."""
+    options = loader_options(args, collator, accelerator.device)
+    return accelerator.prepare(DataLoader(dataset, **options))
+
+
+class StreamPosition:
+    """Where a streamed data set stands after the batches trained so far.
+
+    The loader runs ahead of training (Accelerate fetches one batch early), so the stream's own
+    `state_dict()` is ahead too. This wraps the loader's collator: each batch it makes records
+    the stream's state at that point, and `consumed(n)` takes the states of the n batches just
+    trained, in order; `trained` is then the state to resume from, which `save` writes into a
+    checkpoint (one file per process) and `load` restores.
+    """
+
+    def __init__(self, stream: datasets.IterableDataset, collator: Callable) -> None:
+        self.stream, self.collator = stream, collator
+        self.pending: deque[dict[str, Any]] = deque()
+        self.trained: dict[str, Any] | None = None
+
+    def __call__(self, examples: list[Any]) -> dict[str, Any]:
+        batch = self.collator(examples)
+        self.pending.append(self.stream.state_dict())
+        return batch
+
+    def restart(self) -> None:
+        """A new pass over the stream: batches made ahead by the last one are not trained."""
+        self.pending.clear()
+
+    def consumed(self, batches: int) -> None:
+        for _ in range(batches):
+            self.trained = self.pending.popleft()
+
+    @staticmethod
+    def file(checkpoint: Path, process_index: int) -> Path:
+        return checkpoint / f"stream_position_{process_index}.json"
+
+    def save(self, checkpoint: Path, process_index: int) -> None:
+        if self.trained is not None:
+            text = json.dumps(self.trained)
+            self.file(checkpoint, process_index).write_text(text, encoding="utf-8")
+
+    def load(self, checkpoint: Path, process_index: int) -> bool:
+        """Go on from the checkpoint's position; False when it holds none (a checkpoint of a
+        run that was not streamed, resumed with --resume-anyway)."""
+        path = self.file(checkpoint, process_index)
+        if not path.is_file():
+            return False
+        self.stream.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
+        return True
+
+
+def split_stream(
+    stream: datasets.IterableDataset, rank: int, world_size: int
+) -> datasets.IterableDataset:
+    """This process's part of a stream: whole shards when there are at least as many as
+    processes (each process reads and tokenizes only its own), else every world_size-th example
+    (each process reads the whole stream)."""
+    if stream.num_shards >= world_size and stream.num_shards % world_size:
+        # split_dataset_by_node would fall back to every world_size-th example here; shards
+        # read whole are cheaper, even if some processes get one more than others.
+        return stream.shard(num_shards=world_size, index=rank, contiguous=False)
+    return split_dataset_by_node(stream, rank=rank, world_size=world_size)
+
+
+def stream_loader(
+    stream: datasets.IterableDataset,
+    args: TrainingArguments,
+    collator: Callable,
+    accelerator: Accelerator,
+    message: Callable[[str], None],
+) -> tuple[DataLoader, StreamPosition]:
+    """The batches of this process's part of the stream, on its device, and its position. Not
+    through `accelerator.prepare`, which would split the stream again (or with
+    dispatch_batches have rank 0 read all of it)."""
+    processes = accelerator.num_processes
+    if processes > 1:
+        if stream.num_shards < processes:
+            message(
+                f"egbert: the stream has {stream.num_shards} shard(s) for {processes} processes: "
+                "each reads all of it and keeps its share of the examples (more files, or larger "
+                "ones, make more shards)"
+            )
+        stream = split_stream(stream, accelerator.process_index, processes)
+    position = StreamPosition(stream, collator)
+    loader = train_loader(stream, args, position, accelerator.device)
+    prepared = prepare_data_loader(
+        loader,
+        device=accelerator.device,
+        num_processes=1,  # already split
+        process_index=0,
+        put_on_device=True,
+        dispatch_batches=False,
+    )
+    return prepared, position
+
+
+def real_tokens(batch: dict[str, Any]) -> torch.Tensor | int:
+    """Real tokens in a batch: the attention mask's sum (left on the device: reading it would
+    stall the step), else the size of input_ids."""
+    if batch.get("attention_mask") is not None:
+        return batch["attention_mask"].sum()
+    if "input_ids" in batch:
+        return batch["input_ids"].numel()
+    return 0
+
+
+def sequence_length(batch: dict[str, Any]) -> int:
+    """The batch's padded length (a shape, known on the host), which the attention FLOPs scale
+    with; 0 for a batch without input_ids."""
+    ids = batch.get("input_ids")
+    return ids.shape[-1] if ids is not None else 0
+
+
+def batch_size(batch: dict[str, Any]) -> int:
+    return next(value.size(0) for value in batch.values() if isinstance(value, torch.Tensor))

@@ -1,0 +1,120 @@
+"""The trainer's evaluation: each evaluation set's mean loss and metrics over all processes, and
+the model's predictions, with label smoothing off.
+
+Evaluation reports each set's mean loss, plus `batch_metrics(batch, outputs)` summed over
+batches (for metrics too large to gather, such as MLM accuracy) and
+`compute_metrics(EvalPrediction)` over the gathered logits and labels (as transformers' Trainer);
+then `finalize_metrics(metrics)` may derive more.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, Dataset
+from transformers import EvalPrediction
+
+from egbert.batches import batch_size, eval_loader
+from egbert.config import TrainingArguments
+
+# (batch, outputs) -> {metric name: (sum, count)}: summed over batches and processes, reported
+# as sum / count. Lets a job add accuracies to the eval loss without the trainer knowing them.
+BatchMetrics = Callable[[dict[str, Any], Any], dict[str, tuple[float, float]]]
+
+
+@contextmanager
+def label_smoothing(model: torch.nn.Module, value: float | None) -> Iterator[None]:
+    """The model's label smoothing (a config field of egbert's models) set to `value` for a
+    while; None, or a model without it: unchanged."""
+    config = getattr(model, "config", None)
+    if value is None or not hasattr(config, "label_smoothing"):
+        yield
+        return
+    saved, config.label_smoothing = config.label_smoothing, value
+    try:
+        yield
+    finally:
+        config.label_smoothing = saved
+
+
+class Evaluator:
+    """Evaluates a prepared model on its evaluation sets ({name: set}; each one's metrics
+    prefixed `name_`, none for the name "") and predicts on any set, on every process."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        accelerator: Accelerator,
+        args: TrainingArguments,
+        collator: Callable[[list[Any]], dict[str, Any]],
+        eval_sets: dict[str, Dataset],
+        batch_metrics: BatchMetrics | None = None,
+        compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None,
+        finalize_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None,
+    ) -> None:
+        self.model, self.accelerator = model, accelerator
+        self.unwrapped = accelerator.unwrap_model(model)
+        self.args, self.collator = args, collator
+        self.batch_metrics, self.compute_metrics = batch_metrics, compute_metrics
+        self.finalize_metrics = finalize_metrics
+        self.loaders = {name: self.loader(data) for name, data in eval_sets.items()}
+
+    def loader(self, dataset: Dataset) -> DataLoader:
+        return eval_loader(dataset, self.args, self.collator, self.accelerator)
+
+    def evaluate(self) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for name, loader in self.loaders.items():
+            logits, labels, sums = self.run_model(loader, keep_logits=bool(self.compute_metrics))
+            found = {key: total / count if count else math.nan for key, (total, count) in sums}
+            if self.compute_metrics is not None:
+                found |= self.compute_metrics(EvalPrediction(predictions=logits, label_ids=labels))
+            metrics |= {f"{name}_{key}" if name else key: value for key, value in found.items()}
+        if self.finalize_metrics is not None:
+            metrics = self.finalize_metrics(metrics)
+        return metrics
+
+    def predict(self, dataset: Dataset) -> EvalPrediction:
+        logits, labels, _ = self.run_model(self.loader(dataset), keep_logits=True)
+        return EvalPrediction(predictions=logits, label_ids=labels)
+
+    def run_model(self, loader: DataLoader, keep_logits: bool) -> tuple[Any, Any, list]:
+        """(logits, labels, [(metric, (sum, count))]) of one pass over `loader`: the logits and
+        labels gathered from every process when `keep_logits`, the loss and batch metrics
+        summed over batches and processes."""
+        sums: dict[str, list[float]] = {}
+        logits, labels = [], []
+        self.model.eval()
+        with torch.no_grad(), label_smoothing(self.unwrapped, 0.0):
+            for batch in loader:
+                outputs = self.model(**batch)
+                parts = {}
+                if outputs.loss is not None:
+                    size = batch_size(batch)
+                    parts["loss"] = (outputs.loss.item() * size, size)
+                if self.batch_metrics is not None:
+                    parts |= self.batch_metrics(batch, outputs)
+                for name, (total, count) in parts.items():
+                    entry = sums.setdefault(name, [0.0, 0.0])
+                    entry[0] += float(total)
+                    entry[1] += float(count)
+                if keep_logits:
+                    logits.append(self.accelerator.gather_for_metrics(outputs.logits).float())
+                    if "labels" in batch:
+                        labels.append(self.accelerator.gather_for_metrics(batch["labels"]))
+        self.model.train()
+        names = sorted(sums)
+        local = torch.tensor(
+            [sums[name] for name in names], dtype=torch.float64, device=self.accelerator.device
+        ).reshape(-1, 2)
+        totals = self.accelerator.reduce(local, reduction="sum").cpu().tolist()
+        return (
+            torch.cat(logits).cpu().numpy() if logits else None,
+            torch.cat(labels).cpu().numpy() if labels else None,
+            list(zip(names, totals, strict=True)),
+        )

@@ -1,0 +1,148 @@
+"""What the trainer counts per optimizer step (losses, real tokens, FLOPs), kept on the device
+until the processes agree on them.
+
+Reading a number off the device stalls the step, so each step's numbers are summed on the device
+and read at a log, evaluation or save step only, in one collective over every process
+(`PendingSteps.agree`): the mean losses, the token and FLOP counts, the first step whose loss was
+not finite, whether a signal asked to stop, and the elapsed time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+# Where a step ran: (step, epoch, batch of the epoch), for the message that names a bad one.
+Place = tuple[int, int, int]
+
+
+def loss_parts(outputs: Any) -> dict[str, torch.Tensor]:
+    """The loss and the parts a model reports beside it, its scalar `*_loss` fields (bert's
+    mlm_loss and nsp_loss, elmo's forward_loss and backward_loss, ...), detached: the training
+    log shows each."""
+    parts = {"loss": outputs.loss.detach().float()}
+    fields = outputs.items() if isinstance(outputs, Mapping) else ()  # a ModelOutput is one
+    for name, value in fields:
+        if name.endswith("_loss") and torch.is_tensor(value) and value.dim() == 0:
+            parts[name] = value.detach().float()
+    return parts
+
+
+def default_flops_per_token(model: torch.nn.Module) -> Callable[[int], float] | None:
+    """The model's own `flops_per_token(seq_len)` (egbert's pretraining models), else 6 FLOPs
+    per weight outside the embeddings (transformers' `floating_point_ops` estimate), else None:
+    no MFU in the log."""
+    own = getattr(model, "flops_per_token", None)
+    if own is not None:
+        return own
+    if hasattr(model, "num_parameters"):
+        dense = 6.0 * model.num_parameters(exclude_embeddings=True)
+        return lambda seq_len: dense
+    return None
+
+
+def nonfinite_place(place: Place) -> str:
+    step, epoch, batch = place
+    return f"at step {step} (epoch {epoch}, batch {batch} of the epoch)"
+
+
+class StepNumbers:
+    """One optimizer step's numbers, on the device: (tokens, timed tokens, FLOPs) and the mean
+    of each loss part over its batches."""
+
+    def __init__(
+        self,
+        tokens: torch.Tensor | int,
+        flops: torch.Tensor | float,
+        losses: dict[str, torch.Tensor],
+        device: torch.device,
+    ) -> None:
+        def on_device(value: torch.Tensor | float) -> torch.Tensor:
+            if torch.is_tensor(value):
+                return value.to(torch.float64)
+            # a host number added to a device zero: a kernel argument, where torch.tensor(value,
+            # device=...) would copy it over and wait for the copy
+            return torch.zeros((), dtype=torch.float64, device=device) + value
+
+        self.tokens = on_device(tokens)
+        self.timed = torch.stack([self.tokens, on_device(flops)])  # tokens, FLOPs of tokens/s
+        self.losses = {name: value.to(torch.float64) for name, value in losses.items()}
+
+
+@dataclass
+class Agreement:
+    """What every process agreed on over the steps since the last agreement."""
+
+    steps: int
+    tokens: float
+    timed_tokens: float  # tokens of the steps whose time counts for tokens/s (not the compile's)
+    flops: float
+    losses: dict[str, float]  # mean over the steps and processes
+    elapsed_seconds: float  # the largest of the processes' clocks
+    stop: bool  # a signal reached some process
+    first_nonfinite: tuple[float, Place] | None  # (its loss, its place), when a loss was not
+
+
+class PendingSteps:
+    """The steps since the processes last agreed, summed on the device: tokens, timed tokens,
+    FLOPs and losses, and the first step whose loss was not finite (inf: none), with each
+    step's place (step, epoch, batch) for the message that names it."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.totals: torch.Tensor | None = None  # (tokens, timed tokens, FLOPs)
+        self.losses: dict[str, torch.Tensor] = {}
+        self.first_nonfinite: torch.Tensor | None = None
+        self.places: list[Place] = []
+
+    def add(self, step: StepNumbers, place: Place) -> None:
+        totals = torch.cat([step.tokens.reshape(1), step.timed])
+        nonfinite = torch.where(
+            torch.isfinite(step.losses["loss"]), math.inf, float(len(self.places))
+        )
+        if self.steps == 0:
+            self.totals, self.losses, self.first_nonfinite = totals, dict(step.losses), nonfinite
+        else:
+            self.totals = self.totals + totals
+            self.losses = {name: self.losses[name] + step.losses[name] for name in self.losses}
+            self.first_nonfinite = torch.minimum(self.first_nonfinite, nonfinite)
+        self.places.append(place)
+        self.steps += 1
+
+    def agree(self, accelerator: Accelerator, stop: bool, elapsed_seconds: float) -> Agreement:
+        """One collective over these steps on every process: the budget schedule needs one
+        elapsed time (one lr) on all of them, and only an agreed stop flag lets them all leave
+        the loop at the same step."""
+        names = list(self.losses)
+        local = torch.cat(
+            [
+                self.totals,
+                self.first_nonfinite.reshape(1),
+                torch.tensor(
+                    [float(stop), elapsed_seconds], dtype=torch.float64, device=accelerator.device
+                ),
+                torch.stack([self.losses[name] for name in names]),
+            ]
+        )
+        every = accelerator.gather(local.unsqueeze(0)).cpu()  # (processes, 6 + losses)
+        tokens, timed_tokens, flops = every[:, :3].sum(dim=0).tolist()
+        first_nonfinite, signal, elapsed = every[:, 3].min(), every[:, 4].max(), every[:, 5].max()
+        losses = dict(zip(names, every[:, 6:].mean(dim=0).tolist(), strict=True))
+        found = None
+        if math.isfinite(first_nonfinite):
+            found = (losses["loss"], self.places[int(first_nonfinite)])
+        return Agreement(
+            steps=self.steps,
+            tokens=tokens,
+            timed_tokens=timed_tokens,
+            flops=flops,
+            losses=losses,
+            elapsed_seconds=float(elapsed),
+            stop=bool(signal > 0),
+            first_nonfinite=found,
+        )
