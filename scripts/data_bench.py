@@ -12,7 +12,7 @@ folder (bytes per corpus token; for bert also per stored token, since NSP pairs 
 of the text and add [CLS]/[SEP]). Then a 200-step tiny run from the prepared folder of the
 smallest and the largest corpus, for each family, gives the anonymous memory (the peak of RssAnon
 in /proc/self/status, sampled every 50 ms from the first logged step until the final save: the
-mapped shards are file pages, not counted).
+mapped shards are file pages, not counted; --no-memory skips these runs).
 
     python scripts/data_bench.py --copies 1 10 30 --json data-bench.json
 """
@@ -55,7 +55,7 @@ def main() -> None:
             print_row(rows[-1], flush=True)
         if reference is not None:
             shutil.rmtree(reference["cache_dir"], ignore_errors=True)
-    for family in FAMILIES:
+    for family in FAMILIES if args.memory else ():
         for copies in (min(args.copies), max(args.copies)):
             folder = work / f"prepared-{family}-x{copies}"
             result = child(args, "train", folder=folder, family=family)
@@ -80,6 +80,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--vocab-size", type=int, default=30522)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument(
+        "--no-memory",
+        dest="memory",
+        action="store_false",
+        help="skip the training runs from the prepared folders (their anonymous memory)",
+    )
     parser.add_argument("--work", default="/tmp/data_bench")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
@@ -314,6 +320,8 @@ def print_tables(rows: list[dict], memory: list[dict]) -> None:
         else:
             cells += ["", ""]
         print("| " + " | ".join(cells) + " |")
+    if not memory:
+        return
     print("\n| family | corpus | RssAnon peak, 200 tiny steps | ratio to the smallest | steps s |")
     print("|---|---|---|---|---|")
     first = min(row["copies"] for row in memory)

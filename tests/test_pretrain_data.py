@@ -53,6 +53,19 @@ def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
 # ---------------------------------------------------------------- documents
 
 
+def test_token_ids_are_the_tokenizers_own_without_truncation(tokenizer):
+    texts = ["The quick brown fox jumps over the lazy dog.", "", "a b c d e f g h i j k l m"]
+    expected = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert data.token_ids(tokenizer, texts) == expected
+    backend = tokenizer.backend_tokenizer
+    backend.enable_truncation(3)  # as a tokenizer.json that keeps a max length would
+    try:
+        assert data.token_ids(tokenizer, texts) == expected
+        assert backend.truncation["max_length"] == 3  # the caller's tokenizer is left as it was
+    finally:
+        backend.no_truncation()
+
+
 def test_wikitext_articles_start_at_titles_and_drop_headings(wikitext_slice: Path):
     lines = wikitext_slice.read_text(encoding="utf-8").split("\n")
     titles = [

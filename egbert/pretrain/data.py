@@ -37,11 +37,13 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
 from datasets import Dataset, Features, IterableDataset, List, Value
 from datasets.fingerprint import Hasher
+from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from egbert.errors import ConfigError, DataError
@@ -99,17 +101,7 @@ def _tokenize_batch(
 ) -> dict[str, list]:
     segments = [_segments(text, split_sentences) for text in batch["text"]]
     flat = [segment for document in segments for segment in document]
-    ids = (
-        tokenizer(
-            flat,
-            add_special_tokens=False,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-            verbose=False,  # whole documents exceed model_max_length; that is fine here
-        )["input_ids"]
-        if flat
-        else []
-    )
+    ids = token_ids(tokenizer, flat)
     tokenized, start = [], 0
     for document in segments:
         kept = [segment for segment in ids[start : start + len(document)] if segment]
@@ -117,6 +109,18 @@ def _tokenize_batch(
         if kept:
             tokenized.append(kept)
     return {"input_ids": tokenized}
+
+
+def token_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
+    """The ids of each text, without special tokens, truncation or padding, from the Rust
+    tokenizer itself: the same ids as `tokenizer(texts, add_special_tokens=False)`, a third
+    faster (the transformers call builds a BatchEncoding around them)."""
+    backend = tokenizer.backend_tokenizer
+    if backend.truncation is not None or backend.padding is not None:
+        backend = Tokenizer.from_str(backend.to_str())  # a copy: the caller's stays as it is
+        backend.no_truncation()
+        backend.no_padding()
+    return [encoding.ids for encoding in backend.encode_batch(texts, add_special_tokens=False)]
 
 
 def _segments(text: str, split_sentences: bool) -> list[str]:
@@ -183,7 +187,8 @@ def build_nsp_examples(
         _nsp_batch,
         batched=True,
         with_indices=True,
-        fn_kwargs={"documents": documents, **options},
+        # Arrow rows: a NotNext span reads a few sentences of another document, not all of it
+        fn_kwargs={"documents": documents.with_format("arrow"), **options},
         remove_columns=documents.column_names,
         features=NSP_FEATURES,
         num_proc=num_proc,
@@ -194,19 +199,33 @@ def build_nsp_examples(
 def _nsp_batch(
     batch: dict[str, list], indices: list[int], documents: Dataset, **options
 ) -> dict[str, list]:
-    def other_document(index: int, rng: random.Random) -> list[list[int]]:
+    def other_document(index: int, rng: random.Random) -> Sequence[list[int]]:
         # Uniform over the other documents. BERT's 10 random tries can all hit this one (one
         # in 1,024 with two documents), making a NotNext pair from the same document; only a
         # one-document corpus has to use its own text.
         if len(documents) == 1:
-            return documents[0]["input_ids"]
+            return StoredDocument(documents[0])
         other = rng.randrange(len(documents) - 1)
-        return documents[other + (other >= index)]["input_ids"]
+        return StoredDocument(documents[other + (other >= index)])
 
     examples = _empty_nsp_columns()
     for document, index in zip(batch["input_ids"], indices, strict=True):
         _add_pairs_of_document(document, index, other_document, examples, **options)
     return examples
+
+
+class StoredDocument(Sequence):
+    """One tokenized document of an Arrow table (a one-row `pa.Table`), its sentences made
+    Python lists one at a time, as they are read."""
+
+    def __init__(self, row: pa.Table) -> None:
+        self.sentences = row.column("input_ids")[0].values
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+    def __getitem__(self, index: int) -> list[int]:
+        return self.sentences[index].as_py()
 
 
 def _streaming_nsp_batch(batch: dict[str, list], **options) -> dict[str, list]:
@@ -241,7 +260,7 @@ def _empty_nsp_columns() -> dict[str, list]:
 def _add_pairs_of_document(
     document: list[list[int]],
     index: int,
-    other_document: Callable[[int, random.Random], list[list[int]]],
+    other_document: Callable[[int, random.Random], Sequence[list[int]]],
     examples: dict[str, list],
     *,
     max_seq_length: int,
@@ -272,7 +291,7 @@ def _add_pairs_of_document(
 
 def _sentence_pairs(
     document: list[list[int]],
-    other_document: Callable[[], list[list[int]]],
+    other_document: Callable[[], Sequence[list[int]]],
     rng: random.Random,
     max_num_tokens: int,
     short_seq_prob: float,
@@ -327,24 +346,33 @@ def _target_length(max_num_tokens: int, short_seq_prob: float, rng: random.Rando
     return max_num_tokens
 
 
-def _random_span(document: list[list[int]], target_length: int, rng: random.Random) -> list[int]:
+def _random_span(
+    document: Sequence[list[int]], target_length: int, rng: random.Random
+) -> list[int]:
     """Consecutive sentences of `document` from a random one until `target_length` tokens."""
     tokens: list[int] = []
-    for sentence in document[rng.randrange(len(document)) :]:
-        tokens.extend(sentence)
+    for index in range(rng.randrange(len(document)), len(document)):
+        tokens.extend(document[index])
         if len(tokens) >= target_length:
             break
     return tokens
 
 
 def _truncate_pair(tokens_a: list[int], tokens_b: list[int], max_tokens: int, rng: random.Random):
-    while len(tokens_a) + len(tokens_b) > max_tokens:
-        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+    """Tokens off the longer of A and B, one at a time, until the pair fits `max_tokens`. The
+    cuts are counted first and made in one slice each (deleting a list's first item one by one
+    is quadratic)."""
+    lengths, front, back = [len(tokens_a), len(tokens_b)], [0, 0], [0, 0]
+    while lengths[0] + lengths[1] > max_tokens:
+        longer = 0 if lengths[0] > lengths[1] else 1
+        lengths[longer] -= 1
         # From either end at random, as BERT does, so no end of a sentence is always kept.
         if rng.random() < 0.5:
-            del longer[0]
+            front[longer] += 1
         else:
-            longer.pop()
+            back[longer] += 1
+    for side, tokens in enumerate((tokens_a, tokens_b)):
+        tokens[:] = tokens[front[side] : front[side] + lengths[side]]
 
 
 # ---------------------------------------------------------------- packed blocks
