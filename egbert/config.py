@@ -623,6 +623,16 @@ def load_recipe(family: str | None, stage: str) -> dict[str, Any]:
     return recipe
 
 
+def pretraining_recipe(options: dict[str, Any]) -> dict[str, Any]:
+    """The pretraining defaults of the family in options["model"] (none without a known one)."""
+    if options.get("model") not in MODEL_FAMILIES:
+        return {}
+    recipe = load_recipe(options["model"], "pretrain")
+    if options.get("init_from"):  # a model from --init-from keeps its own config
+        recipe.pop("config_overrides", None)
+    return recipe
+
+
 def load_preset(family: str, preset_or_path: str) -> dict[str, Any]:
     """The model config kwargs of a preset name (`tiny`, `mini`, ...) or of a YAML/JSON file."""
     if family not in MODEL_FAMILIES:

@@ -21,8 +21,9 @@ from transformers import PreTrainedTokenizerFast
 import egbert
 from egbert.cli import main as cli_main
 from egbert.errors import ConfigError
+from egbert.pretrain.corpus import build_examples
 from egbert.pretrain.prepared import PreparedFolder, token_dtype, write_examples
-from egbert.pretrain.run import build_examples, pretrain_arguments
+from egbert.pretrain.run import pretrain_arguments
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 

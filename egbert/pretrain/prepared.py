@@ -53,8 +53,14 @@ from torch.utils.data import Dataset as TorchDataset
 
 from egbert import __version__
 from egbert.arguments import arguments_from_options, parse_args
-from egbert.config import PrepareArguments, PretrainArguments
+from egbert.config import PrepareArguments, PretrainArguments, pretraining_recipe
 from egbert.errors import ConfigError, DataError
+from egbert.pretrain.corpus import (
+    examples_from_tokens,
+    file_identities,
+    load_corpus,
+    tokenize_for_family,
+)
 from egbert.tokenizer import load_tokenizer
 
 FORMAT = "egbert-prepared/1"
@@ -139,9 +145,6 @@ def parse_prepare_args(argv: list[str] | None) -> tuple[PretrainArguments, Prepa
 
 def examples_recipe(options: dict[str, Any]) -> dict[str, Any]:
     """The family's pretraining recipe, less the trainer's options (prepare builds examples)."""
-    # run.py reads prepared folders; importing it when called keeps the import one-way at load.
-    from egbert.pretrain.run import pretraining_recipe
-
     known = {
         name for cls in (PretrainArguments, PrepareArguments) for name in cls.__dataclass_fields__
     }
@@ -151,16 +154,9 @@ def examples_recipe(options: dict[str, Any]) -> dict[str, Any]:
 def prepare(args: PretrainArguments, prepare_args: PrepareArguments) -> dict[str, Any]:
     """Build the examples as `egbert pretrain` would and write them to `output_dir` (nothing
     to do if it already holds them; an error naming what differs if it holds other ones)."""
-    from egbert.pretrain.run import (
-        _file_identities,
-        examples_from_tokens,
-        load_corpus,
-        tokenize_for_family,
-    )
-
     _check_prepare_options(args)
     tokenizer = load_tokenizer(args.tokenizer)
-    recipe = _recipe(args, prepare_args.seed, tokenizer, _file_identities)
+    recipe = _recipe(args, prepare_args.seed, tokenizer)
     target = Path(prepare_args.output_dir)
     if target.exists():
         return _existing(target, recipe)
@@ -242,7 +238,7 @@ def example_options(args: PretrainArguments, seed: int | None = None) -> dict[st
     return options
 
 
-def _recipe(args: PretrainArguments, seed: int, tokenizer, file_identities) -> dict[str, Any]:
+def _recipe(args: PretrainArguments, seed: int, tokenizer) -> dict[str, Any]:
     """The manifest's part that decides the examples: a second prepare compares it."""
     sources = {
         name: file_identities(value) if name.endswith("_files") else value

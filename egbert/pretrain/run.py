@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import set_seed
-from datasets import Dataset, IterableDataset, concatenate_datasets
+from datasets import Dataset, IterableDataset
 from torch.utils.data import Subset
 from transformers import PreTrainedModel
 
@@ -42,6 +42,7 @@ from egbert.config import (
     apply_config_overrides,
     load_preset,
     load_recipe,
+    pretraining_recipe,
 )
 from egbert.errors import CheckpointError, ConfigError
 from egbert.models.bert import (
@@ -52,13 +53,18 @@ from egbert.models.bert import (
 )
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
-from egbert.pretrain import collators, data, prepared, sources
+from egbert.pretrain import prepared
+from egbert.pretrain.corpus import (
+    build_collator,
+    examples_from_documents,
+    file_identities,
+    load_corpus,
+)
 from egbert.report import ModelCardInfo
 from egbert.runtime import check_trackers_installed
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 from egbert.trainer import Trainer, TrainOutput
 
-Documents = Dataset | IterableDataset
 CONFIG_CLASSES = {"bert": EgbertBertConfig, "gpt": EgbertGPTConfig, "elmo": EgbertElmoConfig}
 
 DESCRIPTION = (
@@ -99,16 +105,6 @@ def parse_pretrain_args(argv: list[str] | None) -> tuple[PretrainArguments, Trai
     recipe, parsed once."""
     types = (PretrainArguments, TrainingArguments)
     return parse_args(types, argv, "egbert pretrain", DESCRIPTION, recipe=pretraining_recipe)
-
-
-def pretraining_recipe(options: dict[str, Any]) -> dict[str, Any]:
-    """The pretraining defaults of the family in options["model"] (none without a known one)."""
-    if options.get("model") not in MODEL_FAMILIES:
-        return {}
-    recipe = load_recipe(options["model"], "pretrain")
-    if options.get("init_from"):  # a model from --init-from keeps its own config
-        recipe.pop("config_overrides", None)
-    return recipe
 
 
 def model_flops_per_token(model: PreTrainedModel, args: PretrainArguments) -> Callable | None:
@@ -249,118 +245,6 @@ def _load_existing_model(args: PretrainArguments) -> PreTrainedModel:
 # ---------------------------------------------------------------- data
 
 
-def load_corpus(args: PretrainArguments, seed: int) -> tuple[Documents, Documents | None]:
-    """The training documents and the validation documents (None without validation)."""
-    options = {
-        "text_column": args.text_column,
-        "doc_boundary": args.doc_boundary,
-        "encoding": args.encoding,
-        "errors": args.encoding_errors,
-        "streaming": args.streaming,
-        "seed": seed,
-    }
-    train = sources.load_documents(
-        args.train_files,
-        dataset=args.dataset,
-        dataset_config=args.dataset_config,
-        split=args.split,
-        weights=args.source_weights or None,
-        **options,
-    )
-    if args.validation_files:
-        return train, sources.load_documents(args.validation_files, **options)
-    if args.validation_split is not None:
-        validation = sources.load_hub_documents(
-            args.dataset,
-            args.text_column,
-            args.validation_split,
-            args.dataset_config,
-            args.streaming,
-        )
-        return train, validation
-    if args.validation_split_percentage is not None:
-        return sources.split_validation(train, args.validation_split_percentage)
-    return train, None
-
-
-def build_examples(
-    args: PretrainArguments, tokenizer, files: list[str], seed: int
-) -> tuple[Dataset | IterableDataset, Any]:
-    """Files (the kinds --train-files takes) -> this family's examples, and their collator."""
-    documents = sources.load_documents(
-        files,
-        text_column=args.text_column,
-        doc_boundary=args.doc_boundary,
-        encoding=args.encoding,
-        errors=args.encoding_errors,
-        streaming=args.streaming,
-        seed=seed,
-    )
-    return examples_from_documents(args, tokenizer, documents, seed)
-
-
-def examples_from_documents(
-    args: PretrainArguments, tokenizer, documents: Documents, seed: int
-) -> tuple[Dataset | IterableDataset, Any]:
-    """Documents -> token ids -> this family's examples, and the collator for them."""
-    tokenized = tokenize_for_family(args, tokenizer, documents)
-    examples = examples_from_tokens(args, tokenizer, tokenized, seed)
-    return examples, build_collator(args, tokenizer, seed)
-
-
-def tokenize_for_family(args: PretrainArguments, tokenizer, documents: Documents) -> Documents:
-    """Documents -> token ids (one row per document: its sentences' ids for bert)."""
-    _check_special_tokens(args, tokenizer)
-    return data.tokenize_documents(
-        documents, tokenizer, split_sentences=args.model == "bert", num_proc=args.num_proc
-    )
-
-
-def examples_from_tokens(
-    args: PretrainArguments, tokenizer, tokenized: Documents, seed: int
-) -> Dataset | IterableDataset:
-    """Tokenized documents -> this family's examples (before the collator's dynamic masking)."""
-    if args.model != "bert":
-        return data.pack_blocks(tokenized, args.seq_len, tokenizer.eos_token_id)
-    ids = {"cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id}
-    if args.nsp:
-        examples = data.build_nsp_examples(
-            tokenized,
-            args.seq_len,
-            short_seq_prob=args.short_seq_prob,
-            dupe_factor=args.dupe_factor,
-            seed=seed,
-            num_proc=args.num_proc,
-            **ids,
-        )
-    else:
-        examples = data.build_mlm_examples(tokenized, args.seq_len, **ids)
-        if args.dupe_factor > 1:  # copies of the blocks, each masked differently below
-            examples = concatenate_datasets([examples] * args.dupe_factor)
-    if args.dupe_factor > 1:  # static masks, one set per duplicate, as BERT's original data
-        examples = data.add_static_masks(
-            examples,
-            tokenizer,
-            mlm_probability=args.mlm_probability,
-            whole_word_mask=args.whole_word_mask,
-            seed=seed,
-            num_proc=args.num_proc,
-        )
-    return examples
-
-
-def build_collator(args: PretrainArguments, tokenizer, seed: int) -> Any:
-    """The family's collator: batches, and masks bert's examples anew each epoch."""
-    if args.model != "bert":
-        return collators.CausalLMCollator(tokenizer)
-    return collators.MLMCollator(
-        tokenizer,
-        mlm_probability=args.mlm_probability,
-        whole_word_mask=args.whole_word_mask,
-        seed=seed,
-    )
-
-
 def first_examples(examples: Dataset | IterableDataset, count: int) -> Dataset | IterableDataset:
     if isinstance(examples, IterableDataset):
         return examples.take(count)
@@ -373,18 +257,6 @@ def _tokenizer_of(args: PretrainArguments):
     if args.tokenizer is None:
         raise ConfigError("pass --tokenizer DIR, or --data DIR (a folder from `egbert prepare`)")
     return load_tokenizer(args.tokenizer)
-
-
-def _check_special_tokens(args: PretrainArguments, tokenizer) -> None:
-    needed = ("cls_token", "sep_token", "mask_token", "pad_token")
-    if args.model != "bert":
-        needed = ("eos_token",)  # joins the documents of packed blocks
-    missing = [name for name in needed if getattr(tokenizer, name) is None]
-    if missing:
-        raise ConfigError(
-            f"--tokenizer {args.tokenizer} has no {', '.join(missing)}, which --model "
-            f"{args.model} needs; train one with `egbert tokenizer train`"
-        )
 
 
 def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> dict[str, Any]:
@@ -401,25 +273,10 @@ def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> di
         "data": prepared.PreparedFolder(args.data).identity()
         if args.data
         else {
-            "train_files": _file_identities(args.train_files),
-            "validation_files": _file_identities(args.validation_files),
+            "train_files": file_identities(args.train_files),
+            "validation_files": file_identities(args.validation_files),
         },
     }
-
-
-def _file_identities(files: list[str]) -> list[str]:
-    identities = []
-    for name in files:
-        path = Path(name).resolve()
-        size = (
-            f"{path.stat().st_size} bytes"
-            if path.is_file()
-            else "folder"
-            if path.is_dir()
-            else "missing"
-        )
-        identities.append(f"{path} ({size})")
-    return identities
 
 
 # ---------------------------------------------------------------- evaluation metrics
