@@ -436,7 +436,6 @@ class PreparedFolder:
     def __init__(self, folder: str | os.PathLike) -> None:
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
-        self.tokenizer = None
 
     def has_split(self, split: str) -> bool:
         return split in self.manifest["splits"]
@@ -496,11 +495,9 @@ class PreparedFolder:
 
 
 def folder_for_run(args: PretrainArguments) -> PreparedFolder:
-    """The --data folder of a pretraining run, checked against its options, with its
-    tokenizer loaded."""
+    """The --data folder of a pretraining run, checked against its options."""
     folder = PreparedFolder(args.data)
     folder.check_run(args)
-    folder.tokenizer = folder.load_tokenizer(args.tokenizer)
     return folder
 
 

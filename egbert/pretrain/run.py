@@ -122,7 +122,7 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
     """Build tokenizer, data and model from the options, train, and return the trainer's result."""
     check_trackers_installed(training_args.report_to)  # before the data is tokenized
     folder = prepared.folder_for_run(args) if args.data else None  # refuses a mismatch
-    tokenizer = folder.tokenizer if folder else _tokenizer_of(args)
+    tokenizer = folder.load_tokenizer(args.tokenizer) if folder else _tokenizer_of(args)
     set_seed(training_args.seed)  # the model's initial weights
     model, preset = build_model(args, tokenizer)
     check_vocab_matches(tokenizer, model.config.vocab_size, f"the {args.model} model")
@@ -157,7 +157,7 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
         eval_collator=eval_collator,
         batch_metrics=batch_metrics,
         finalize_metrics=finalize_metrics,
-        run_config=run_config(args, preset, tokenizer),
+        run_config=run_config(args, preset, tokenizer, folder),
         tokenizer=tokenizer_for_model(tokenizer, model.config, args.seq_len),
         card=ModelCardInfo(
             pipeline_tag=PIPELINE_TAGS[args.model],
@@ -259,7 +259,12 @@ def _tokenizer_of(args: PretrainArguments):
     return load_tokenizer(args.tokenizer)
 
 
-def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> dict[str, Any]:
+def run_config(
+    args: PretrainArguments,
+    preset: dict[str, Any],
+    tokenizer,
+    folder: prepared.PreparedFolder | None,
+) -> dict[str, Any]:
     """What a resumed run must share with the original: the options, and the identity of the
     model config, the tokenizer and the data files."""
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
@@ -270,8 +275,8 @@ def run_config(args: PretrainArguments, preset: dict[str, Any], tokenizer) -> di
             "size": len(tokenizer),
             "vocab_sha256": hashlib.sha256(vocab.encode()).hexdigest()[:16],
         },
-        "data": prepared.PreparedFolder(args.data).identity()
-        if args.data
+        "data": folder.identity()
+        if folder
         else {
             "train_files": file_identities(args.train_files),
             "validation_files": file_identities(args.validation_files),
