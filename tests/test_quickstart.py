@@ -18,6 +18,7 @@ from egbert.errors import ConfigError, DataError
 from egbert.quickstart import budget as planning
 from egbert.quickstart import options, report, run
 from egbert.quickstart.budget import Budget, Plan
+from egbert.quickstart.planner import FinetuneChoice, RunPlan
 from egbert.quickstart.report import Row
 from egbert.quickstart.run import main
 from egbert.quickstart.steps import export_hub_corpus
@@ -60,19 +61,17 @@ def finished_run(micro_data: Path, tmp_path_factory, subprocess_env) -> Path:
     # Accelerate's process-wide state may hold an earlier module's precision
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
-    # Every table is checked here, the schedule elsewhere (test_a_slow_probe_...): on a busy
-    # machine the probe alone outlasts its share of a 30-second budget and the prompts would
-    # be skipped.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(run, "EVALUATION_SHARE", 100.0)
-        main(argv)
+    main(argv)
     return out
 
 
 def test_every_table_has_a_number_for_every_model_and_task(finished_run: Path):
     report = json.loads((finished_run / "results.json").read_text())
     assert report["tasks"] == TASKS
-    assert list(report["scores"]) == FINETUNED
+    # the plan fine-tunes the first of these its time allows: bert and its twin at least
+    planned = report["plan"]["run_plan"]["finetuning"]["models"]
+    assert planned[:2] == ["bert", "bert"]
+    assert list(report["scores"]) == FINETUNED[: len(planned)]
     for scores in (*report["scores"].values(), *report["probe"].values()):
         assert list(scores) == TASKS
         assert all(isinstance(v, float) and math.isfinite(v) for v in scores.values())
@@ -82,7 +81,7 @@ def test_every_table_has_a_number_for_every_model_and_task(finished_run: Path):
     assert list(report["evaluation_sizes"]["probe"]) == PROBED[:-1]
     assert set(report["evaluation_sizes"]["prompting"]) == {"gpt", "gpt (no pretraining)"}
     tables = report["tables"]
-    assert table_rows(tables["fine-tuning"]) == FINETUNED
+    assert table_rows(tables["fine-tuning"]) == FINETUNED[: len(planned)]
     assert table_rows(tables["probe"]) == PROBED
     assert (
         tables["fine-tuning"]
@@ -118,6 +117,7 @@ def test_a_rerun_reuses_every_finished_step(
     main(["--data", str(micro_data), "--output-dir", str(finished_run), *MICRO])
     printed = capsys.readouterr().out
     assert "reusing" in printed and "training WordPiece" not in printed
+    assert "reusing the plan" in printed and "measured" not in printed  # nor measured again
     assert "egbert: training on" not in printed  # nothing trained again
     assert weights.stat().st_mtime_ns == stamp
     after = json.loads((finished_run / "results.json").read_text())
@@ -131,7 +131,7 @@ def test_other_options_on_the_same_output_dir_are_refused(finished_run: Path, mi
 
 
 def test_the_probe_and_the_prompts_start_smaller_below_ten_minutes():
-    full = (options.PROBE_TRAIN_SAMPLES, options.PROMPT_EVAL_SAMPLES)
+    full = (options.probe_options(None)["max_train_samples"], options.PROMPT_EVAL_SAMPLES)
 
     def sizes(minutes: float) -> tuple[int, int]:
         return planning.planned_size("probe", minutes), planning.planned_size(
@@ -188,7 +188,9 @@ def test_a_slow_probe_keeps_the_evaluation_within_its_share(tmp_path: Path, monk
     assert seconds <= 1.2 * options.EVALUATION_SHARE * budget.total, seconds
     assert list(probes) == list(models)
     sizes = [probes[Row(family)].size for family in ("bert", "gpt", "elmo")]
-    assert sizes[0] == options.PROBE_TRAIN_SAMPLES and sizes[1] < sizes[0] and sizes[2] < sizes[0]
+    full = options.probe_options(None)["max_train_samples"]
+    assert sizes[0] == full and sizes[1] < sizes[0] and sizes[2] < sizes[0]
+    assert list(prompted) == [Row("gpt"), Row("gpt").twin()]  # their share kept for them
     assert all(probes[row.twin()].size == probes[row].size for row in probes if row.pretrained)
     saved = json.loads((tmp_path / "plan.json").read_text())
     assert saved["evaluation_sizes"]["probe/gpt"] == sizes[1]
@@ -218,9 +220,9 @@ def test_further_seeds_go_to_the_averaged_tasks_only(tmp_path: Path, monkeypatch
     apart, keeps its one seed. (The fine-tuning runs are replaced: the schedule is under test.)"""
     planned = []
 
-    def record_runs(plan, models, glue, args, budget):
+    def record_runs(passes, models, glue, args, budget, max_train_samples):
         scores = {}
-        for task, runs in plan:
+        for task, runs in passes:
             for row, seed in runs:
                 planned.append((task, row, seed))
                 budget.plan.run_seconds[run.run_key(models[row], "cls", task, seed)] = 1.0
@@ -232,7 +234,8 @@ def test_further_seeds_go_to_the_averaged_tasks_only(tmp_path: Path, monkeypatch
     bert, twin, gpt = Row("bert"), Row("bert").twin(), Row("gpt")
     models = {bert: tmp_path / "bert", twin: tmp_path / "bert-random", gpt: tmp_path / "gpt"}
     args = options.QuickstartArguments(heads=["cls"])
-    run.finetune_models(models, ["rte", "wnli"], None, args, budget)
+    finetuning = FinetuneChoice(("bert", "bert", "gpt"), None, 60.0, "all of it")
+    run.finetune_models(models, ["rte", "wnli"], None, args, budget, RunPlan({}, finetuning))
     further = {(task, row, seed) for task, row, seed in planned if seed != args.seed}
     assert further == {("rte", row, seed) for row in (bert, twin) for seed in (43, 44)}
 

@@ -17,12 +17,16 @@ from egbert.quickstart.options import (
     FIRST_OVERHEAD_SECONDS,
     MIN_EVALUATION_SCALE,
     MIN_TRAIN_SECONDS,
-    PROBE_TRAIN_SAMPLES,
     PROMPT_EVAL_SAMPLES,
+    probe_options,
 )
 
-# Examples per task at full size: the probe's training examples, the prompts' dev examples.
-FULL_SIZES = {"probe": PROBE_TRAIN_SAMPLES, "prompt-eval": PROMPT_EVAL_SAMPLES}
+
+def full_size(command: str) -> int:
+    """Examples per task at full size: the probe's training examples, the prompts' dev ones."""
+    if command == "probe":
+        return probe_options(None)["max_train_samples"]
+    return PROMPT_EVAL_SAMPLES
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,10 @@ class Plan:
     # examples per task of each group of evaluation runs (None: skipped, the share was spent)
     evaluation_sizes: dict[str, int | None] = field(default_factory=dict)
     evaluation_runs: list[dict[str, Any]] = field(default_factory=list)
+    # the machine's plan (egbert.quickstart.planner): what was measured, and what it decided
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+    corpus_tokens: int | None = None
+    run_plan: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------- planning (pure functions)
@@ -66,11 +74,11 @@ def planned_size(command: str, budget_minutes: float) -> int:
     """Examples per task a probe or prompt-eval run starts at: the full size from
     EVALUATION_FULL_MINUTES up, shrinking with smaller budgets to MIN_EVALUATION_SCALE of it."""
     scale = min(max(budget_minutes / EVALUATION_FULL_MINUTES, MIN_EVALUATION_SCALE), 1.0)
-    return round(FULL_SIZES[command] * scale)
+    return round(full_size(command) * scale)
 
 
 def smallest_size(command: str) -> int:
-    return round(FULL_SIZES[command] * MIN_EVALUATION_SCALE)
+    return round(full_size(command) * MIN_EVALUATION_SCALE)
 
 
 def cost_line(measured: Sequence[tuple[int, float]]) -> tuple[float, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from egbert.config import load_recipe
 from egbert.errors import ConfigError
@@ -22,21 +23,24 @@ FAMILY_SHARES = {"bert": 0.5, "gpt": 0.25, "elmo": 0.25}
 # The probe and the prompts: at most this share of the whole budget, whatever the machine (their
 # size alone, fixed by the budget, took 148 of a 3-minute run's 180 s on a busy GPU machine).
 EVALUATION_SHARE = 0.2
+# Of that share, the prompts keep this part for themselves: the probe of every model runs first
+# and would otherwise spend it all on a slow machine (the prompts were skipped at 79e464e).
+PROMPT_SHARE = 0.25
 # Fine-tuning: each run trains for its share of the time left with the options of the
 # quickstart-finetune section of its family's recipe (egbert/configs/recipes/); a family's own
 # classifier head there (elmo's) is for the summary-vector head only.
 HEAD_OPTIONS = ("features", "pool", "layer_norm")
+# Measuring each family's training steps at its presets and batches before planning: this
+# share of the budget at most (egbert.quickstart.throughput).
+MEASURE_SHARE = 0.03
 # Fine-tuning seeds of bert and its twin at most (while the time left allows them).
 MAX_SEEDS = 3
 # Per-run costs assumed before any run of a stage has been measured.
 FIRST_OVERHEAD_SECONDS = {"pretrain": 20.0, "finetune": 8.0}
 MIN_TRAIN_SECONDS = 1.0
 REPORT_RESERVE_SECONDS = 10.0  # tables and plot at the end
-# The probe and the prompts at full size, small enough for seconds per task on a CPU. The probe's
-# options: the quickstart-probe section of the recipes (egbert/configs/recipes/common.yaml).
-PROBE_RECIPE = load_recipe(None, "quickstart-probe")
-PROBE_FEATURES, PROBE_POOL = PROBE_RECIPE["features"], PROBE_RECIPE["pool"]
-PROBE_TRAIN_SAMPLES = PROBE_RECIPE["max_train_samples"]
+# The prompts at full size (dev examples a task), small enough for seconds per task on a CPU; the
+# probe's is its recipe's max_train_samples (probe_options).
 PROMPT_TASKS = ("sst2", "rte", "mrpc", "qnli", "cola")
 PROMPT_SHOTS = (0, 4)
 PROMPT_EVAL_SAMPLES = 200
@@ -66,6 +70,13 @@ DESCRIPTION = (
 )
 
 
+def probe_options(family: str | None) -> dict[str, Any]:
+    """The probe's options for a family's models (features, pool, max_train_samples at full
+    size): the quickstart-probe section of its recipe (egbert/configs/recipes/), common.yaml's
+    for None."""
+    return load_recipe(family, "quickstart-probe")
+
+
 @dataclass
 class QuickstartArguments:
     """The options of `egbert quickstart` (also `egbert.run_quickstart(**options)`)."""
@@ -82,7 +93,13 @@ class QuickstartArguments:
         default=30.0,
         metadata={"help": "wall-clock minutes for the whole run, on whatever device runs it"},
     )
-    preset: str = field(default="tiny", metadata={"help": "model size of all three families"})
+    preset: str | None = field(
+        default=None,
+        metadata={
+            "help": "model size of all three families (tiny, mini, small, base or a YAML file); "
+            "default: the plan's choice for this machine, from measured throughput"
+        },
+    )
     tasks: list[str] = field(
         default_factory=list, metadata={"help": "GLUE tasks (default: all with local files)"}
     )

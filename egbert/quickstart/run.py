@@ -12,34 +12,39 @@ from typing import Any
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from egbert.config import MODEL_FAMILIES, arguments_from_options, parse_args
+from egbert.config import MODEL_FAMILIES, arguments_from_options, load_recipe, parse_args
 from egbert.errors import ConfigError
 from egbert.evaluation import probe, prompting
 from egbert.finetune.tasks import get_task, split_file
 from egbert.pretrain import run as pretrain_run
+from egbert.quickstart import planner
 from egbert.quickstart.budget import Budget, EvaluationRun, Plan, load_plan, planned_size
 from egbert.quickstart.options import (
     CARD_DATASETS,
     DESCRIPTION,
     EVALUATION_SHARE,
     FAMILY_SHARES,
+    FIRST_OVERHEAD_SECONDS,
     MAX_SEEDS,
+    MEASURE_SHARE,
     PLAN_FILE,
     PRETRAIN_SHARE,
-    PROBE_FEATURES,
-    PROBE_POOL,
+    PROMPT_SHARE,
     PROMPT_SHOTS,
     PROMPT_TASKS,
     REPORT_RESERVE_SECONDS,
     VALIDATION_EXAMPLES,
     WIKITEXT,
     QuickstartArguments,
+    probe_options,
 )
+from egbert.quickstart.planner import FinetuneWork, Measurement, RunPlan
 from egbert.quickstart.report import Evaluation, Row, averaged_tasks, write_report
 from egbert.quickstart.steps import (
     RunStopped,
     check_hub_reachable,
     corpus_files,
+    corpus_tokens,
     export_hub_corpus,
     find_data,
     finetune_once,
@@ -51,8 +56,10 @@ from egbert.quickstart.steps import (
     save_twin,
     train_size,
 )
+from egbert.quickstart.throughput import measure_family, presets_by_size
 from egbert.runtime import bf16_pays_off, training_device
 
+# The fine-tuned rows in priority order, as the planner names them (planner.FinetuneWork.models)
 FINETUNED = (Row("bert"), Row("bert", pretrained=False), Row("gpt"), Row("elmo"))
 
 
@@ -82,37 +89,40 @@ def quickstart(args: QuickstartArguments) -> dict[str, Any]:
     tasks = local_glue_tasks(args.tasks, glue)
     # The plan: new, or the one an interrupted start of the same options left
     budget = start_budget(args, output_dir)
-    print(f"[1/5] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
+    print(f"[1/6] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
     tokenizer = prepare_tokenizer(
         output_dir, [data / WIKITEXT / "wiki.train.tokens"], args.vocab_size
     )
+    print(f"[2/6] planning for this machine ({precision(budget)})", flush=True)
+    plan = plan_for_machine(args, budget, tokenizer, data, tasks, glue)
     # every fine-tune loads a pretrained model under a new head: the report of its missing head
     # weights, dozens of times, would bury the progress
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     try:
         print(
-            f"[2/5] pretraining bert, gpt and elmo ({args.preset}, {precision(budget)}) for "
-            f"{PRETRAIN_SHARE * args.budget_minutes:.1f} of {args.budget_minutes:g} minutes",
+            f"[3/6] pretraining bert, gpt and elmo in "
+            f"{plan.seconds['pretraining'] / 60:.1f} of {args.budget_minutes:g} minutes",
             flush=True,
         )
-        models = pretrain_families(args, budget, data)
-        models |= save_twins(args, tokenizer)
+        models = pretrain_families(args, budget, data, plan)
+        models |= save_twins(args, tokenizer, plan)
         pretraining = {
             family: pretraining_summary(models[Row(family)]) for family in MODEL_FAMILIES
         }
         glue_dir = glue or data / "glue"
         print(
-            f"[3/5] probing {len(models)} models and prompting gpt and its twin in "
+            f"[4/6] probing {len(models)} models and prompting gpt and its twin in "
             f"{EVALUATION_SHARE * args.budget_minutes:.1f} minutes at most",
             flush=True,
         )
         probes, prompts, prompt_tasks = evaluate_models(models, tasks, glue_dir, args, budget)
-        print(f"[4/5] fine-tuning {', '.join(r.label for r in FINETUNED)} on {', '.join(tasks)}")
+        finetuned = FINETUNED[: len(plan.finetuning.models)]  # the plan's, in this order
+        print(f"[5/6] fine-tuning {', '.join(r.label for r in finetuned)} on {', '.join(tasks)}")
         finetune = finetune_models(
-            {row: models[row] for row in FINETUNED}, tasks, glue, args, budget
+            {row: models[row] for row in finetuned}, tasks, glue, args, budget, plan
         )
-        print(f"[5/5] results -> {output_dir / 'results.md'}", flush=True)
+        print(f"[6/6] results -> {output_dir / 'results.md'}", flush=True)
         report = write_report(
             output_dir, tasks, prompt_tasks, pretraining, finetune, probes, prompts,
             extra={"plan": asdict(budget.plan), "minutes": spent_minutes(budget)},
@@ -161,11 +171,114 @@ def start_budget(args: QuickstartArguments, output_dir: Path) -> Budget:
     return budget
 
 
+# ---------------------------------------------------------------- the plan
+
+
+def plan_for_machine(
+    args: QuickstartArguments,
+    budget: Budget,
+    tokenizer: PreTrainedTokenizerBase,
+    data: Path,
+    tasks: list[str],
+    glue: Path | None,
+) -> RunPlan:
+    """The plan in plan.json, or a new one from this machine's measured throughput
+    (egbert.quickstart.planner), printed with its reasons either way."""
+    if budget.plan.run_plan is not None:
+        print(f"  reusing the plan in {budget.path}", flush=True)
+        plan = planner.run_plan_from_dict(budget.plan.run_plan)
+    else:
+        train_files, _ = corpus_files(data)
+        budget.plan.corpus_tokens = corpus_tokens(tokenizer, train_files)
+        measurements = measure_throughputs(args, budget, tokenizer)
+        budget.plan.measurements = [asdict(m) for m in measurements]
+        plan = planner.plan_run(
+            measurements,
+            budget_seconds=budget.total,
+            spent_seconds=budget.total - budget.left(),
+            corpus_tokens=budget.plan.corpus_tokens,
+            work=finetune_work(tasks, glue),
+            pretrain_share=PRETRAIN_SHARE,
+            family_shares=FAMILY_SHARES,
+            evaluation_share=EVALUATION_SHARE,
+            reserve_seconds=REPORT_RESERVE_SECONDS,
+            pretrain_overhead_seconds=FIRST_OVERHEAD_SECONDS["pretrain"],
+        )
+        budget.plan.run_plan = asdict(plan)
+        budget.save()
+    print_plan(plan, budget)
+    return plan
+
+
+def measure_throughputs(
+    args: QuickstartArguments, budget: Budget, tokenizer: PreTrainedTokenizerBase
+) -> list[Measurement]:
+    """Training steps of each family timed at its presets (only --preset's, when given), from
+    the smallest up while a larger one could still lower the predicted loss, in MEASURE_SHARE
+    of the budget at most."""
+    device, start = training_device(), time.perf_counter()
+    deadline = start + MEASURE_SHARE * budget.total
+    corpus = budget.plan.corpus_tokens
+    measured: list[Measurement] = []
+    for family in MODEL_FAMILIES:
+        seconds = budget.total * PRETRAIN_SHARE * FAMILY_SHARES[family]
+
+        def larger_may_pay(found: list[Measurement], seconds=seconds) -> bool:
+            losses = [
+                planner.predicted_loss(m.parameters, m.tokens_per_second * seconds, corpus)
+                for m in best_per_preset(found)
+            ]
+            improving = len(losses) < 2 or losses[-1] < losses[-2]
+            return improving and time.perf_counter() < deadline
+
+        presets = [args.preset] if args.preset else presets_by_size(family)
+        measured += measure_family(
+            family, presets, tokenizer, device, budget.plan.bf16, larger_may_pay
+        )
+    print(f"  measured {len(measured)} step times in {time.perf_counter() - start:.0f} s")
+    return measured
+
+
+def best_per_preset(measured: list[Measurement]) -> list[Measurement]:
+    """Each preset's fastest measurement, in the order the presets were measured."""
+    best: dict[str, Measurement] = {}
+    for m in measured:
+        if m.preset not in best or m.tokens_per_second > best[m.preset].tokens_per_second:
+            best[m.preset] = m
+    return list(best.values())
+
+
+def finetune_work(tasks: list[str], glue: Path | None) -> FinetuneWork:
+    """The fine-tuning stage's work at the quickstart-finetune recipe: each task's training
+    examples (at most the recipe's cap) for the recipe's epochs."""
+    recipe = load_recipe("bert", "quickstart-finetune")
+    cap = recipe["max_train_samples"]
+    examples = {task: min(train_size(task, glue) or cap, cap) for task in tasks}
+    overhead = FIRST_OVERHEAD_SECONDS["finetune"]
+    return FinetuneWork(examples, recipe["epochs"], overhead_seconds=overhead)
+
+
+def print_plan(plan: RunPlan, budget: Budget) -> None:
+    for family, choice in plan.pretraining.items():
+        print(
+            f"  {family}: {choice.preset}, batch {choice.batch_size} x {choice.seq_len}, "
+            f"{choice.minutes:.2f} min, ~{choice.tokens:,} tokens ({choice.passes:g} passes)"
+            f"; {choice.reason}",
+            flush=True,
+        )
+    print(f"  fine-tuning: {plan.finetuning.reason}")
+    stages = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in plan.seconds.items())
+    print(f"  planned: {stages} of {budget.total:.0f} s", flush=True)
+
+
 # ---------------------------------------------------------------- pretraining
 
 
-def pretrain_families(args: QuickstartArguments, budget: Budget, data: Path) -> dict[Row, Path]:
-    """Each family pretrained with `egbert pretrain`'s defaults for its share of the budget."""
+def pretrain_families(
+    args: QuickstartArguments, budget: Budget, data: Path, plan: RunPlan
+) -> dict[Row, Path]:
+    """Each family pretrained with `egbert pretrain`'s defaults at the plan's size, batch, length
+    and minutes (and its passes cap)."""
     train_files, valid_files = corpus_files(data)
     output_dir = Path(args.output_dir)
     run_dirs = {}
@@ -174,14 +287,14 @@ def pretrain_families(args: QuickstartArguments, budget: Budget, data: Path) -> 
         if is_finished(run_dir):
             print(f"  {family}: reusing {run_dir}", flush=True)
             continue
-        share = budget.total * PRETRAIN_SHARE * FAMILY_SHARES[family]
-        minutes = budget.allot(f"pretrain/{family}", share, "pretrain")
-        budget.save()
-        print(f"  {family}: {minutes:.2f} minutes of training -> {run_dir}", flush=True)
+        choice = plan.pretraining[family]
+        print(f"  {family}: {choice.minutes:.2f} minutes of training -> {run_dir}", flush=True)
         start = time.perf_counter()
         result = pretrain_run.run_pretraining(
             model=family,
-            preset=args.preset,
+            preset=choice.preset,
+            batch_size=choice.batch_size,
+            seq_len=choice.seq_len,
             tokenizer=str(output_dir / "tokenizer"),
             train_files=list(map(str, train_files)),
             validation_files=list(map(str, valid_files)),
@@ -189,7 +302,8 @@ def pretrain_families(args: QuickstartArguments, budget: Budget, data: Path) -> 
             doc_boundary="wikitext",
             # Two Gutenberg books are Latin-1; their 7 non-ASCII bytes are not worth a pass.
             encoding_errors="replace",
-            budget_minutes=minutes,
+            budget_minutes=choice.minutes,
+            epochs=choice.epochs,
             bf16=budget.plan.bf16,
             seed=args.seed,
             save_every=500,
@@ -205,12 +319,19 @@ def pretrain_families(args: QuickstartArguments, budget: Budget, data: Path) -> 
     return run_dirs
 
 
-def save_twins(args: QuickstartArguments, tokenizer: PreTrainedTokenizerBase) -> dict[Row, Path]:
-    """Each family's twin: its model as pretraining starts it, saved at its random weights."""
+def save_twins(
+    args: QuickstartArguments, tokenizer: PreTrainedTokenizerBase, plan: RunPlan
+) -> dict[Row, Path]:
+    """Each family's twin: its model as pretraining starts it (the planned size), saved at its
+    random weights."""
     pretrain_dir = Path(args.output_dir) / "pretrain"
     return {
         Row(family).twin(): save_twin(
-            family, args.preset, args.seed, tokenizer, pretrain_dir / f"{family}-random"
+            family,
+            plan.pretraining[family].preset,
+            args.seed,
+            tokenizer,
+            pretrain_dir / f"{family}-random",
         )
         for family in MODEL_FAMILIES
     }
@@ -227,9 +348,9 @@ def evaluate_models(
     budget: Budget,
 ) -> tuple[dict[Row, Evaluation], dict[Row, Evaluation], list[str]]:
     """(probes, prompts, prompt tasks): every model probed, then gpt and its twin prompted, all
-    within EVALUATION_SHARE of the budget. A model and its twin share one size (examples per
-    task), the planned one or less where the runs measured before say the share left needs it;
-    the prompts are skipped where even their smallest size would not fit."""
+    within EVALUATION_SHARE of the budget, the probes in all but PROMPT_SHARE of it. A model and
+    its twin share one size (examples per task), the planned one or less where the runs measured
+    before say the share left needs it, and never less than a tenth of it."""
     prompt_tasks = [t for t in PROMPT_TASKS if split_file(get_task(t), "validation", glue_dir)]
     pairs = [(Row(family), Row(family).twin()) for family in MODEL_FAMILIES]
     groups = [("probe", pair) for pair in pairs] + [
@@ -239,23 +360,21 @@ def evaluate_models(
     start = time.perf_counter()
     found: dict[str, dict[Row, Evaluation]] = {"probe": {}, "prompt-eval": {}}
     for number, (command, rows) in enumerate(groups):
-        runs_left = sum(len(group_rows) for _, group_rows in groups[number:])
+        later = [group for group in groups[number:] if group[0] == command]
+        runs_left = sum(len(group_rows) for _, group_rows in later)
         size = budget.size_for(
             f"{command}/{rows[0].family}",
             command,
             planned_size(command, args.budget_minutes),
-            share,
+            share * (1 - PROMPT_SHARE) if command == "probe" else share,
             runs_left,
-            required=command == "probe",
+            required=True,
         )
         budget.save()
-        if size is None:
-            print(f"  {command}: skipped, the evaluation's share of the budget is spent")
-            continue
         for row in rows:
             found[command][row] = Evaluation(
                 evaluate_once(
-                    command, models[row], budget, size, tasks, prompt_tasks, glue_dir, args
+                    command, row, models[row], budget, size, tasks, prompt_tasks, glue_dir, args
                 ),
                 size,
             )
@@ -265,6 +384,7 @@ def evaluate_models(
 
 def evaluate_once(
     command: str,
+    row: Row,
     model_dir: Path,
     budget: Budget,
     size: int,
@@ -282,10 +402,10 @@ def evaluate_once(
     print(f"  {command}: {model_dir.name} ({size} examples a task)", flush=True)
     start = time.perf_counter()
     if command == "probe":
+        options = {**probe_options(row.family), "max_train_samples": size}
         results = probe.run_probe(
-            model_dir, tasks, glue_dir, features=PROBE_FEATURES, pool=PROBE_POOL,
-            max_train_samples=size, seed=args.seed, output_dir=out,
-        )  # fmt: skip
+            model_dir, tasks, glue_dir, seed=args.seed, output_dir=out, **options
+        )
     else:
         results = prompting.run_prompt_eval(
             model_dir, prompt_tasks, glue_dir, shots=PROMPT_SHOTS, max_eval_samples=size,
@@ -306,14 +426,16 @@ def finetune_models(
     glue: Path | None,
     args: QuickstartArguments,
     budget: Budget,
+    plan: RunPlan,
 ) -> dict[Row, dict[str, dict[int, float]]]:
-    """{row: {task: {seed: score}}}. First every model with the first seed, task by task, each
-    run of a task for the same minutes (its share of the time left); then, while the time left
-    allows a task's runs again, bert and its twin with further seeds, task by task (not the
-    tasks NOT_AVERAGED: no average holds them)."""
+    """{row: {task: {seed: score}}}, each run on at most the plan's examples a task. First every
+    model with the first seed, task by task, each run of a task for the same minutes (its share
+    of the time left); then, while the time left allows a task's runs again, bert and its twin
+    with further seeds, task by task (not the tasks NOT_AVERAGED: no average holds them)."""
     tasks = sorted(tasks, key=lambda task: train_size(task, glue))  # small first: time left over
     first = [(task, [(row, args.seed) for row in models]) for task in tasks]
-    scores = run_finetune_pass(first, models, glue, args, budget)
+    cut = plan.finetuning.max_train_samples
+    scores = run_finetune_pass(first, models, glue, args, budget, cut)
     pairs = [row for row in models if row.family == "bert"]
     for seed in range(args.seed + 1, args.seed + MAX_SEEDS):
         for task in averaged_tasks(tasks):
@@ -326,24 +448,27 @@ def finetune_models(
             done = all(key in budget.plan.run_seconds for key in keys)
             if done or needed < budget.left() - REPORT_RESERVE_SECONDS:
                 runs = [(task, [(row, seed) for row in pairs])]
-                for row, by_task in run_finetune_pass(runs, models, glue, args, budget).items():
+                found = run_finetune_pass(runs, models, glue, args, budget, cut)
+                for row, by_task in found.items():
                     scores[row][task] |= by_task[task]
     return scores
 
 
 def run_finetune_pass(
-    plan: list[tuple[str, list[tuple[Row, int]]]],
+    passes: list[tuple[str, list[tuple[Row, int]]]],
     models: dict[Row, Path],
     glue: Path | None,
     args: QuickstartArguments,
     budget: Budget,
+    max_train_samples: int | None,
 ) -> dict[Row, dict[str, dict[int, float]]]:
-    """Fine-tune each (task, [(model, seed), ...]) of `plan` with every head: the runs of a task
-    get the same minutes, the time left shared out over the runs left."""
+    """Fine-tune each (task, [(model, seed), ...]) of `passes` with every head, on at most
+    `max_train_samples` examples a task: the runs of a task get the same minutes, the time left
+    shared out over the runs left."""
     scores: dict[Row, dict[str, dict[int, float]]] = {}
-    total = sum(len(runs) for _, runs in plan) * len(args.heads)
+    total = sum(len(runs) for _, runs in passes) * len(args.heads)
     number = 0
-    for task, runs in plan:
+    for task, runs in passes:
         for (model, seed), head in ((run, head) for run in runs for head in args.heads):
             key = run_key(models[model], head, task, seed)
             left = max(budget.left() - REPORT_RESERVE_SECONDS, 0.0)
@@ -355,6 +480,9 @@ def run_finetune_pass(
             print(f"  ({number}/{total}) {model.label} / {head} / {task} / seed {seed}")
             start = time.perf_counter()
             options = finetune_options(models[model], task, head, seed, glue, budget.plan.bf16)
+            if max_train_samples is not None:
+                cap = options.get("max_train_samples") or max_train_samples
+                options["max_train_samples"] = min(cap, max_train_samples)
             run_dir = budget.path.parent / "finetune" / key
             result, trained = finetune_once(run_dir, budget_minutes=minutes, **options)
             if trained:

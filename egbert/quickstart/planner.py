@@ -1,0 +1,335 @@
+"""quickstart's plan for the machine it runs on, as pure functions of what was measured there.
+
+Before anything trains, quickstart times a few training steps of each family at each preset
+(`egbert.quickstart.throughput`); `plan_run` turns those timings, the budget and the corpus size
+into the sizes, batches, sequence lengths, passes over the corpus and fine-tuning runs, each
+with its reason. plan.json keeps the timings and the plan, so a rerun neither measures nor
+plans again.
+
+The rule for the model size. Each family gets a fixed share of the budget for pretraining; at
+each measured preset that time buys `tokens = rate x seconds`. The preset chosen is the one
+whose predicted loss is lowest, by the data-constrained scaling law of Muennighoff et al. (2023,
+"Scaling Data-Constrained Language Models"): the parametric loss of Hoffmann et al. (2022),
+E + A / N^alpha + B / D'^beta with Chinchilla's fitted constants, where N counts the
+non-embedding parameters and D' the effective tokens: the corpus once, plus its repetitions
+worth less and less, D' = U + U R* (1 - exp(-R / R*)) for R repetitions of U unique tokens with
+R* = 15.4 (their fit: up to about 4 passes repeated tokens are worth nearly fresh ones; after
+about 16 the rest is worth nothing). On two CPU cores a larger model sees fewer tokens than
+the corpus holds, so the law keeps the smallest; a GPU buys many passes of the small corpus,
+worth little, and the law moves the time into a larger model. Past USEFUL_PASSES the run ends
+early and gives its time back to the fine-tuning.
+
+Two constraints come first. A size is taken only if its fine-tuning fits: every fine-tuning run
+trains its whole recipe (epochs over its examples), since a fine-tune cut short by the clock
+says nothing about what pretraining bought. And where even the smallest sizes cannot fine-tune
+every model in the time left, the plan fine-tunes fewer: bert and its twin (the comparison the
+fine-tuning table is about) before gpt and elmo (both still probed), then fewer examples of the
+largest tasks. The batch is the smallest measured one within BATCH_TOLERANCE of the preset's
+best rate: more updates for the same tokens, where the device has nothing to gain from more.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+# Hoffmann et al. (2022), Approach 3's fit; Muennighoff et al. (2023) use it with their R*_D.
+LOSS_E, LOSS_A, LOSS_B, LOSS_ALPHA, LOSS_BETA = 1.69, 406.4, 410.7, 0.34, 0.28
+REPETITION_HALF_LIFE = 15.4  # R*_D: repeated tokens' worth decays with this many repetitions
+# Passes over the corpus past which the plan stops pretraining early (their worth is < 2% of
+# a fresh pass's by the law above) and gives the time to fine-tuning.
+USEFUL_PASSES = 16
+BATCH_TOLERANCE = 0.1  # a smaller batch within 10% of the best rate is taken: more updates
+# Positions past the fine-tuning length are never used downstream (quickstart fine-tunes at
+# 128), and attention costs grow with the length: the transformers pretrain at 128. elmo's
+# LSTMs cost the same per token at any length, so shorter blocks give more updates in the same
+# time (its recipe, egbert/configs/recipes/elmo.yaml: 64).
+TRANSFORMER_SEQ_LEN = 128
+ELMO_SEQ_LEN = 64
+# Fine-tuning steps: examples padded to the longest of a batch of 32 GLUE examples hold about
+# this many tokens (measured on the quickstart tokenizer: the five tasks' train sets).
+FINETUNE_TOKENS_PER_EXAMPLE = 64
+FINETUNE_BATCH = 32
+MIN_FINETUNE_EXAMPLES = 2000  # the plan never cuts a task below this many training examples
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Training steps of one family at one preset and batch, timed on the device."""
+
+    family: str
+    preset: str
+    batch_size: int
+    seq_len: int
+    parameters: int  # non-embedding parameters
+    seconds_per_step: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.batch_size * self.seq_len / self.seconds_per_step
+
+
+@dataclass(frozen=True)
+class FinetuneWork:
+    """What the fine-tuning stage must train: training examples per task (before any cut), the
+    recipe's epochs, and which models in order of priority (each a family, bert twice: the
+    pretrained model and its twin)."""
+
+    examples: Mapping[str, int]
+    epochs: int
+    models: Sequence[str] = ("bert", "bert", "gpt", "elmo")
+    overhead_seconds: float = 8.0  # per run: start-up, data, evaluation, saving
+
+
+@dataclass(frozen=True)
+class PretrainChoice:
+    """One family's pretraining: size, batch, length, time, and what they buy."""
+
+    family: str
+    preset: str
+    batch_size: int
+    seq_len: int
+    minutes: float
+    epochs: int | None  # the passes cap (None: the time ends first)
+    tokens_per_second: float
+    tokens: int
+    passes: float
+    predicted_loss: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class FinetuneChoice:
+    """Which models are fine-tuned, on how many examples of each task, in about how long."""
+
+    models: tuple[str, ...]
+    max_train_samples: int | None
+    seconds: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    pretraining: dict[str, PretrainChoice]
+    finetuning: FinetuneChoice
+    seconds: dict[str, float] = field(default_factory=dict)  # each stage's planned seconds
+
+
+def pretraining_seq_len(family: str) -> int:
+    return ELMO_SEQ_LEN if family == "elmo" else TRANSFORMER_SEQ_LEN
+
+
+def effective_tokens(tokens: float, unique_tokens: float) -> float:
+    """D' of Muennighoff et al.: tokens past the first pass count less and less."""
+    if tokens <= unique_tokens:
+        return tokens
+    repetitions = tokens / unique_tokens - 1
+    decay = 1 - math.exp(-repetitions / REPETITION_HALF_LIFE)
+    return unique_tokens * (1 + REPETITION_HALF_LIFE * decay)
+
+
+def predicted_loss(parameters: float, tokens: float, unique_tokens: float) -> float:
+    """The data-constrained scaling law's loss for N parameters trained on `tokens`."""
+    data = effective_tokens(tokens, unique_tokens)
+    return LOSS_E + LOSS_A / parameters**LOSS_ALPHA + LOSS_B / data**LOSS_BETA
+
+
+def best_rate(measurements: Sequence[Measurement]) -> float:
+    return max(m.tokens_per_second for m in measurements)
+
+
+def chosen_batch(measurements: Sequence[Measurement]) -> Measurement:
+    """The smallest batch within BATCH_TOLERANCE of the best rate."""
+    fast_enough = (1 - BATCH_TOLERANCE) * best_rate(measurements)
+    return min(
+        (m for m in measurements if m.tokens_per_second >= fast_enough),
+        key=lambda m: m.batch_size,
+    )
+
+
+def finetune_step_seconds(measurements: Sequence[Measurement]) -> float:
+    """Seconds of a fine-tuning step at one preset: its tokens at the best rate, or the
+    smallest measured step where the device is bound by per-step costs."""
+    tokens = FINETUNE_BATCH * FINETUNE_TOKENS_PER_EXAMPLE
+    return max(tokens / best_rate(measurements), min(m.seconds_per_step for m in measurements))
+
+
+def finetune_steps(work: FinetuneWork, max_train_samples: int | None) -> int:
+    """Optimizer steps of one model's fine-tuning runs over every task."""
+    return sum(
+        math.ceil(min(count, max_train_samples or count) / FINETUNE_BATCH) * work.epochs
+        for count in work.examples.values()
+    )
+
+
+def finetune_seconds(
+    work: FinetuneWork,
+    models: Sequence[str],
+    step_seconds: Mapping[str, float],
+    max_train_samples: int | None,
+) -> float:
+    per_model = finetune_steps(work, max_train_samples)
+    runs = len(models) * len(work.examples)
+    return sum(per_model * step_seconds[family] for family in models) + runs * (
+        work.overhead_seconds
+    )
+
+
+def sample_cuts(work: FinetuneWork) -> list[int | None]:
+    """No cut, then the largest task's size halved down to MIN_FINETUNE_EXAMPLES."""
+    largest = max(work.examples.values(), default=0)
+    cuts: list[int | None] = [None]
+    size = largest // 2
+    while size >= MIN_FINETUNE_EXAMPLES:
+        cuts.append(size)
+        size //= 2
+    return cuts
+
+
+def model_names(models: Sequence[str]) -> str:
+    """ "bert, its twin, gpt, elmo": the second bert of FinetuneWork.models is the twin."""
+    return ", ".join("its twin" if i == 1 else family for i, family in enumerate(models))
+
+
+def choose_finetuning(
+    work: FinetuneWork, step_seconds: Mapping[str, float], seconds: float
+) -> FinetuneChoice:
+    """The most of `work` that fits `seconds` at these step times: every model on every
+    example, else bert and its twin alone, on every example or the largest cut that fits (else
+    the smallest cut, in the time there is)."""
+    every, pair = tuple(work.models), tuple(work.models[:2])
+    options = [(every, None)] + [(pair, cut) for cut in sample_cuts(work)]
+    for models, cut in options:
+        needed = finetune_seconds(work, models, step_seconds, cut)
+        if needed <= seconds:
+            dropped = every[len(models) :]
+            reason = f"{model_names(models)} fine-tuned for {work.epochs} epochs"
+            reason += f" on at most {cut:,} examples a task" if cut else " on every example"
+            reason += f": about {needed:.0f} of the {seconds:.0f} s left for fine-tuning"
+            if dropped:
+                reason += f" ({', '.join(dropped)}: probed only, their fine-tunes did not fit)"
+            return FinetuneChoice(models, cut, needed, reason)
+    cut = MIN_FINETUNE_EXAMPLES
+    needed = finetune_seconds(work, pair, step_seconds, cut)
+    reason = (
+        f"bert and its twin on {cut:,} examples a task at most: about {needed:.0f} s, more than "
+        f"the {seconds:.0f} s left; the runs end when the time does"
+    )
+    return FinetuneChoice(pair, cut, min(needed, seconds), reason)
+
+
+def choose_preset(
+    family: str,
+    by_preset: Mapping[str, Sequence[Measurement]],
+    seconds: float,
+    corpus_tokens: int,
+    fits: Mapping[str, bool],
+) -> PretrainChoice:
+    """The preset of lowest predicted loss among those whose fine-tuning fits."""
+    scored = []
+    for preset, measured in by_preset.items():
+        tokens = best_rate(measured) * seconds
+        loss = predicted_loss(measured[0].parameters, tokens, corpus_tokens)
+        scored.append((not fits[preset], loss, preset))
+    _, loss, preset = min(scored)
+    batch = chosen_batch(by_preset[preset])
+    rate = batch.tokens_per_second
+    useful = USEFUL_PASSES * corpus_tokens
+    train_seconds = min(seconds, useful / rate)
+    tokens = rate * train_seconds
+    others = ", ".join(
+        f"{name} {value:.2f}" for unfit, value, name in sorted(scored) if name != preset
+    )
+    reason = (
+        f"{preset}: predicted loss {loss:.2f} at {rate:,.0f} tokens/s for {seconds:.0f} s"
+        + (f" (against {others})" if others else "")
+        + (f"; batch {batch.batch_size}, the smallest within 10% of the best rate")
+    )
+    if not fits[preset]:
+        reason += "; no size's fine-tuning fits: the smallest"
+    if train_seconds < seconds:
+        reason += f"; stops after {USEFUL_PASSES} passes, its time goes to fine-tuning"
+    return PretrainChoice(
+        family=family,
+        preset=preset,
+        batch_size=batch.batch_size,
+        seq_len=batch.seq_len,
+        minutes=math.floor(train_seconds / 60 * 1e4) / 1e4,  # down: never past the share
+        epochs=USEFUL_PASSES if train_seconds < seconds else None,
+        tokens_per_second=round(rate, 1),
+        tokens=int(tokens),
+        passes=round(tokens / corpus_tokens, 2),
+        predicted_loss=round(loss, 3),
+        reason=reason,
+    )
+
+
+def plan_run(
+    measurements: Sequence[Measurement],
+    *,
+    budget_seconds: float,
+    spent_seconds: float,
+    corpus_tokens: int,
+    work: FinetuneWork,
+    pretrain_share: float,
+    family_shares: Mapping[str, float],
+    evaluation_share: float,
+    reserve_seconds: float,
+    pretrain_overhead_seconds: float,
+) -> RunPlan:
+    """The plan (see the module's docstring). `measurements` hold each family's candidate
+    presets (only the pinned one where --preset is given); `spent_seconds` is what the budget
+    lost before planning (the tokenizer, the measuring)."""
+    grouped: dict[str, dict[str, list[Measurement]]] = {}
+    for m in measurements:
+        grouped.setdefault(m.family, {}).setdefault(m.preset, []).append(m)
+    pretrain_seconds = {
+        family: max(budget_seconds * pretrain_share * share - pretrain_overhead_seconds, 1.0)
+        for family, share in family_shares.items()
+    }
+    evaluation = budget_seconds * evaluation_share
+    finetuning = max(
+        budget_seconds * (1 - pretrain_share - evaluation_share) - spent_seconds - reserve_seconds,
+        0.0,
+    )
+    smallest = {
+        family: min(presets.values(), key=lambda ms: ms[0].parameters)
+        for family, presets in grouped.items()
+    }
+    step_seconds = {family: finetune_step_seconds(ms) for family, ms in smallest.items()}
+    finetune = choose_finetuning(work, step_seconds, finetuning)
+    choices = {}
+    for family, presets in grouped.items():
+        fits = {}
+        for preset, measured in presets.items():
+            sized = {**step_seconds, family: finetune_step_seconds(measured)}
+            needed = finetune_seconds(work, finetune.models, sized, finetune.max_train_samples)
+            fits[preset] = family not in finetune.models or needed <= finetuning
+        choices[family] = choose_preset(
+            family, presets, pretrain_seconds[family], corpus_tokens, fits
+        )
+        step_seconds[family] = finetune_step_seconds(presets[choices[family].preset])
+    # Time a family's pretraining gives back (it stops after USEFUL_PASSES) goes to fine-tuning.
+    returned = sum(max(pretrain_seconds[f] - c.minutes * 60, 0.0) for f, c in choices.items())
+    needed = finetune_seconds(work, finetune.models, step_seconds, finetune.max_train_samples)
+    finetune = replace(finetune, seconds=min(needed, finetuning + returned))
+    seconds = {
+        "before planning": spent_seconds,
+        "pretraining": sum(c.minutes * 60 + pretrain_overhead_seconds for c in choices.values()),
+        "evaluation": evaluation,
+        "fine-tuning": finetune.seconds,
+        "report": reserve_seconds,
+    }
+    return RunPlan(choices, finetune, seconds)
+
+
+def run_plan_from_dict(data: Mapping) -> RunPlan:
+    """A RunPlan as plan.json holds it (dataclasses.asdict of one)."""
+    return RunPlan(
+        pretraining={f: PretrainChoice(**c) for f, c in data["pretraining"].items()},
+        finetuning=FinetuneChoice(
+            **{**data["finetuning"], "models": tuple(data["finetuning"]["models"])}
+        ),
+        seconds=dict(data["seconds"]),
+    )

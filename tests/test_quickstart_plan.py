@@ -1,0 +1,150 @@
+"""quickstart's planner (egbert.quickstart.planner) as the pure function it is: given measured
+step times, a budget and a corpus, the sizes, batches, passes and fine-tuning runs it picks.
+
+The step times below stand for two machines, written here from what was measured on them
+(docs/results.md, docs/performance.md, issue 55's table), not from the code under test:
+- a 2-core CPU: tiny bert 20k tokens/s at batch 16 and 22k at 32; mini 15k, small 4k, base
+  600 at any batch; per step at least 40 ms;
+- one H100: rates that grow with the batch until a preset's peak (base bert 566k tokens/s at
+  batch 256, mini 2.5M, ...), with 15 ms a step at least.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from egbert.quickstart import planner
+from egbert.quickstart.planner import FinetuneWork, Measurement
+
+# Non-embedding parameters of the presets (12 * layers * hidden^2, as BERT's papers count them)
+PARAMETERS = {"tiny": 12 * 2 * 128**2, "mini": 12 * 4 * 256**2, "small": 12 * 4 * 512**2,
+              "base": 12 * 12 * 768**2}  # fmt: skip
+CPU_PEAK = {"tiny": 22_000, "mini": 15_000, "small": 4_000, "base": 600}
+GPU_PEAK = {"tiny": 4_000_000, "mini": 2_500_000, "small": 1_400_000, "base": 566_000}
+GLUE = {"cola": 8551, "sst2": 20000, "mrpc": 3668, "stsb": 5749, "rte": 2490, "wnli": 635}
+CORPUS_TOKENS = 3_750_000
+SHARES = dict(
+    pretrain_share=0.5,
+    family_shares={"bert": 0.5, "gpt": 0.25, "elmo": 0.25},
+    evaluation_share=0.2,
+    reserve_seconds=10.0,
+    pretrain_overhead_seconds=20.0,
+)
+
+
+def machine(peaks: dict[str, float], least_step: float, batches: list[int]) -> list[Measurement]:
+    """Step times of every family and preset at `batches`: a step holds batch x seq tokens at
+    the preset's peak rate, or takes `least_step` seconds, whichever is longer."""
+    found = []
+    for family in ("bert", "gpt", "elmo"):
+        seq_len = 64 if family == "elmo" else 128
+        for preset, peak in peaks.items():
+            for batch in batches:
+                seconds = max(batch * seq_len / peak, least_step)
+                found.append(
+                    Measurement(family, preset, batch, seq_len, PARAMETERS[preset], seconds)
+                )
+    return found
+
+
+def plan(measurements, minutes: float, work: FinetuneWork | None = None):
+    return planner.plan_run(
+        measurements,
+        budget_seconds=minutes * 60,
+        spent_seconds=20.0,
+        corpus_tokens=CORPUS_TOKENS,
+        work=work or FinetuneWork(GLUE, epochs=3),
+        **SHARES,
+    )
+
+
+CPU = machine(CPU_PEAK, 0.04, [16, 32])
+GPU = machine(GPU_PEAK, 0.015, [16, 32, 64, 128, 256, 512])
+
+
+def test_the_chinchilla_fit_is_the_one_published():
+    # Hoffmann et al. (2022): 70B parameters on 1.4T tokens, a predicted loss of about 1.94
+    assert planner.predicted_loss(70e9, 1.4e12, 1.4e12) == pytest.approx(1.937, abs=0.005)
+
+
+def test_repeated_tokens_are_worth_less_and_less():
+    unique = 1e6
+    assert planner.effective_tokens(0.5e6, unique) == 0.5e6  # less than one pass: all fresh
+    # 4 passes: 1 + 15.4 * (1 - exp(-3 / 15.4)) = 3.726 passes' worth (Muennighoff et al.)
+    assert planner.effective_tokens(4e6, unique) == pytest.approx(3.726e6, rel=1e-3)
+    # 100 passes: 1 + 15.4 * (1 - exp(-99 / 15.4)) = 16.375, near the limit of 1 + 15.4
+    assert planner.effective_tokens(100e6, unique) == pytest.approx(16.375e6, rel=1e-3)
+    assert planner.effective_tokens(1e9, unique) < 16.4e6
+
+
+def test_a_gpu_buys_a_larger_model_and_batch_than_two_cpu_cores():
+    cpu, gpu = plan(CPU, 30), plan(GPU, 8)
+    order = list(PARAMETERS)
+    for family in ("bert", "gpt", "elmo"):
+        on_cpu, on_gpu = cpu.pretraining[family], gpu.pretraining[family]
+        assert order.index(on_gpu.preset) > order.index(on_cpu.preset), family
+        assert on_gpu.batch_size > on_cpu.batch_size, family
+    assert cpu.pretraining["bert"].preset == "tiny"
+    # the smallest batch within 10% of the best rate: on the CPU 16 (20k of 22k tokens/s)
+    assert cpu.pretraining["bert"].batch_size == 16
+
+
+def test_the_plan_says_why():
+    choice = plan(CPU, 30).pretraining["bert"]
+    assert "tiny" in choice.reason and "predicted loss" in choice.reason
+    assert choice.tokens == pytest.approx(choice.tokens_per_second * choice.minutes * 60, rel=1e-3)
+    assert choice.passes == pytest.approx(choice.tokens / CORPUS_TOKENS, abs=0.01)
+
+
+def test_a_pinned_preset_is_the_only_candidate():
+    pinned = [m for m in GPU if m.preset == "mini"]
+    assert {c.preset for c in plan(pinned, 8).pretraining.values()} == {"mini"}
+
+
+def test_pretraining_stops_after_the_useful_passes_and_gives_its_time_to_fine_tuning():
+    tiny_only = [m for m in GPU if m.preset == "tiny"]
+    found = plan(tiny_only, 30)
+    bert = found.pretraining["bert"]
+    assert bert.epochs == planner.USEFUL_PASSES
+    # 16 passes of 3.75M tokens at 4M tokens/s: 15 s, far less than bert's 7.5 minutes
+    assert bert.minutes * 60 == pytest.approx(16 * CORPUS_TOKENS / 4_000_000, rel=1e-3)
+    assert found.seconds["pretraining"] < 0.5 * 30 * 60 - 300
+
+
+def test_fine_tuning_that_does_not_fit_drops_gpt_and_elmo_before_it_cuts_examples():
+    # a fine-tuning step of 0.1 s: 3,858 steps a model (GLUE above, 3 epochs, batch 32)
+    steps = planner.finetune_steps(FinetuneWork(GLUE, epochs=3), None)
+    assert steps == 3 * sum(math.ceil(n / 32) for n in GLUE.values()) == 3858
+    work = FinetuneWork(GLUE, epochs=3, overhead_seconds=5.0)
+    step = {"bert": 0.1, "gpt": 0.1, "elmo": 0.1}
+    everything = planner.choose_finetuning(work, step, 4 * 385.8 + 24 * 5)
+    assert (
+        everything.models == ("bert", "bert", "gpt", "elmo")
+        and everything.max_train_samples is None
+    )
+    pair = planner.choose_finetuning(work, step, 2 * 385.8 + 12 * 5)
+    assert pair.models == ("bert", "bert") and pair.max_train_samples is None
+    assert "gpt, elmo" in pair.reason
+    # at most 10,000 examples a task: 3 * (268 + 313 + 115 + 180 + 78 + 20) steps of 0.1 s for
+    # two models, and 12 runs of 5 s: 644.4 s
+    cut = planner.choose_finetuning(work, step, 650)
+    assert cut.models == ("bert", "bert") and cut.max_train_samples == 10000
+    assert cut.seconds == pytest.approx(644.4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    minutes=st.floats(min_value=3, max_value=120),
+    speed=st.floats(min_value=0.05, max_value=200),
+    least_step=st.floats(min_value=0.005, max_value=0.2),
+)
+def test_no_plan_exceeds_its_budget(minutes: float, speed: float, least_step: float):
+    peaks = {preset: rate * speed for preset, rate in CPU_PEAK.items()}
+    found = plan(machine(peaks, least_step, [16, 32, 64]), minutes)
+    assert sum(found.seconds.values()) <= minutes * 60 + 1e-6
+    for choice in found.pretraining.values():
+        assert choice.minutes * 60 <= minutes * 60 * 0.5
