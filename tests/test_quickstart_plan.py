@@ -21,6 +21,7 @@ from egbert.quickstart import planner
 from egbert.quickstart.planner import FinetuneWork, Measurement
 
 # Non-embedding parameters of the presets (12 * layers * hidden^2, as BERT's papers count them)
+WIDTHS = {"tiny": 128, "mini": 256, "small": 512, "base": 768}
 PARAMETERS = {"tiny": 12 * 2 * 128**2, "mini": 12 * 4 * 256**2, "small": 12 * 4 * 512**2,
               "base": 12 * 12 * 768**2}  # fmt: skip
 CPU_PEAK = {"tiny": 22_000, "mini": 15_000, "small": 4_000, "base": 600}
@@ -45,9 +46,8 @@ def machine(peaks: dict[str, float], least_step: float, batches: list[int]) -> l
         for preset, peak in peaks.items():
             for batch in batches:
                 seconds = max(batch * seq_len / peak, least_step)
-                found.append(
-                    Measurement(family, preset, batch, seq_len, PARAMETERS[preset], seconds)
-                )
+                sizes = PARAMETERS[preset], WIDTHS[preset]
+                found.append(Measurement(family, preset, batch, seq_len, *sizes, seconds))
     return found
 
 
@@ -100,6 +100,14 @@ def test_the_plan_says_why():
     assert choice.passes == pytest.approx(choice.tokens / CORPUS_TOKENS, abs=0.01)
 
 
+def test_wider_models_than_the_recipe_was_tuned_at_get_a_smaller_lr():
+    found = plan([m for m in GPU if m.preset == "base"], 8).pretraining
+    # the recipes' lr were tuned at bert mini (256 wide), gpt tiny (128), elmo mini (256)
+    assert found["bert"].lr_scale == pytest.approx(256 / 768)
+    assert found["gpt"].lr_scale == pytest.approx(128 / 768)
+    assert plan([m for m in CPU if m.preset == "tiny"], 30).pretraining["bert"].lr_scale == 1.0
+
+
 def test_a_pinned_preset_is_the_only_candidate():
     pinned = [m for m in GPU if m.preset == "mini"]
     assert {c.preset for c in plan(pinned, 8).pretraining.values()} == {"mini"}
@@ -115,25 +123,24 @@ def test_pretraining_stops_after_the_useful_passes_and_gives_its_time_to_fine_tu
     assert found.seconds["pretraining"] < 0.5 * 30 * 60 - 300
 
 
-def test_fine_tuning_that_does_not_fit_drops_gpt_and_elmo_before_it_cuts_examples():
+def test_fine_tuning_that_does_not_fit_drops_gpt_and_elmo_before_it_caps_steps():
     # a fine-tuning step of 0.1 s: 3,858 steps a model (GLUE above, 3 epochs, batch 32)
     steps = planner.finetune_steps(FinetuneWork(GLUE, epochs=3), None)
     assert steps == 3 * sum(math.ceil(n / 32) for n in GLUE.values()) == 3858
     work = FinetuneWork(GLUE, epochs=3, overhead_seconds=5.0)
     step = {"bert": 0.1, "gpt": 0.1, "elmo": 0.1}
     everything = planner.choose_finetuning(work, step, 4 * 385.8 + 24 * 5)
-    assert (
-        everything.models == ("bert", "bert", "gpt", "elmo")
-        and everything.max_train_samples is None
-    )
+    assert everything.models == ("bert", "bert", "gpt", "elmo")
+    assert everything.max_steps is None
     pair = planner.choose_finetuning(work, step, 2 * 385.8 + 12 * 5)
-    assert pair.models == ("bert", "bert") and pair.max_train_samples is None
+    assert pair.models == ("bert", "bert") and pair.max_steps is None
     assert "gpt, elmo" in pair.reason
-    # at most 10,000 examples a task: 3 * (268 + 313 + 115 + 180 + 78 + 20) steps of 0.1 s for
-    # two models, and 12 runs of 5 s: 644.4 s
-    cut = planner.choose_finetuning(work, step, 650)
-    assert cut.models == ("bert", "bert") and cut.max_train_samples == 10000
-    assert cut.seconds == pytest.approx(644.4)
+    # runs of 804 (cola), 1875 (sst2), 345, 540, 234 and 60 steps; the caps tried are 1875 cut
+    # by a quarter at a time: 1406 (737.8 s for two models with 12 runs of 5 s), 1054 (667.4 s),
+    # 790 (cola and sst2 at 790: 2 * 0.1 * 2759 + 60 = 611.8 s)
+    capped = planner.choose_finetuning(work, step, 650)
+    assert capped.models == ("bert", "bert") and capped.max_steps == 790
+    assert capped.seconds == pytest.approx(611.8)
 
 
 @settings(max_examples=60, deadline=None)

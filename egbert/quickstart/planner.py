@@ -20,12 +20,14 @@ worth little, and the law moves the time into a larger model. Past USEFUL_PASSES
 early and gives its time back to the fine-tuning.
 
 Two constraints come first. A size is taken only if its fine-tuning fits: every fine-tuning run
-trains its whole recipe (epochs over its examples), since a fine-tune cut short by the clock
-says nothing about what pretraining bought. And where even the smallest sizes cannot fine-tune
-every model in the time left, the plan fine-tunes fewer: bert and its twin (the comparison the
-fine-tuning table is about) before gpt and elmo (both still probed), then fewer examples of the
-largest tasks. The batch is the smallest measured one within BATCH_TOLERANCE of the preset's
-best rate: more updates for the same tokens, where the device has nothing to gain from more.
+trains its whole schedule (the recipe's epochs, or the plan's cap of steps) to its end, since a
+fine-tune cut short by the clock says nothing about what pretraining bought. And where even the
+smallest sizes cannot fine-tune every model in the time left, the plan fine-tunes fewer: bert and
+its twin (the comparison the fine-tuning table is about) before gpt and elmo (both still probed),
+then fewer steps for the largest tasks: a cap on each run's steps (the schedule then ends at the
+cap, and every example can still be seen once, where a cut of the examples would drop some). The
+batch is the smallest measured one within BATCH_TOLERANCE of the preset's best rate: more
+updates for the same tokens, where the device has nothing to gain from more.
 """
 
 from __future__ import annotations
@@ -51,7 +53,12 @@ ELMO_SEQ_LEN = 64
 # this many tokens (measured on the quickstart tokenizer: the five tasks' train sets).
 FINETUNE_TOKENS_PER_EXAMPLE = 64
 FINETUNE_BATCH = 32
-MIN_FINETUNE_EXAMPLES = 2000  # the plan never cuts a task below this many training examples
+MIN_FINETUNE_STEPS = 200  # the plan never caps a run below this many steps
+# The widths each family's recipe lr was tuned at (egbert/configs/recipes/: bert and elmo on mini,
+# gpt on tiny). A wider model gets the lr scaled by this width over its own, Adam's rule for
+# hidden layers under the maximal-update parametrization (Yang et al. 2022): the update a step
+# makes to a layer's output then stays the size the recipe was tuned for.
+TUNED_WIDTHS = {"bert": 256, "gpt": 128, "elmo": 256}
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class Measurement:
     batch_size: int
     seq_len: int
     parameters: int  # non-embedding parameters
+    hidden_size: int
     seconds_per_step: float
 
     @property
@@ -72,9 +80,9 @@ class Measurement:
 
 @dataclass(frozen=True)
 class FinetuneWork:
-    """What the fine-tuning stage must train: training examples per task (before any cut), the
-    recipe's epochs, and which models in order of priority (each a family, bert twice: the
-    pretrained model and its twin)."""
+    """What the fine-tuning stage must train: training examples per task, the recipe's epochs,
+    and which models in order of priority (each a family, bert twice: the pretrained model and
+    its twin)."""
 
     examples: Mapping[str, int]
     epochs: int
@@ -92,6 +100,7 @@ class PretrainChoice:
     seq_len: int
     minutes: float
     epochs: int | None  # the passes cap (None: the time ends first)
+    lr_scale: float  # of the family's recipe lr
     tokens_per_second: float
     tokens: int
     passes: float
@@ -104,7 +113,7 @@ class FinetuneChoice:
     """Which models are fine-tuned, on how many examples of each task, in about how long."""
 
     models: tuple[str, ...]
-    max_train_samples: int | None
+    max_steps: int | None  # a cap on each run's steps (None: the recipe's epochs)
     seconds: float
     reason: str
 
@@ -155,10 +164,15 @@ def finetune_step_seconds(measurements: Sequence[Measurement]) -> float:
     return max(tokens / best_rate(measurements), min(m.seconds_per_step for m in measurements))
 
 
-def finetune_steps(work: FinetuneWork, max_train_samples: int | None) -> int:
+def recipe_steps(count: int, epochs: int) -> int:
+    """Optimizer steps of a fine-tuning run over `count` examples for `epochs`."""
+    return math.ceil(count / FINETUNE_BATCH) * epochs
+
+
+def finetune_steps(work: FinetuneWork, max_steps: int | None) -> int:
     """Optimizer steps of one model's fine-tuning runs over every task."""
     return sum(
-        math.ceil(min(count, max_train_samples or count) / FINETUNE_BATCH) * work.epochs
+        min(recipe_steps(count, work.epochs), max_steps or math.inf)
         for count in work.examples.values()
     )
 
@@ -167,24 +181,25 @@ def finetune_seconds(
     work: FinetuneWork,
     models: Sequence[str],
     step_seconds: Mapping[str, float],
-    max_train_samples: int | None,
+    max_steps: int | None,
 ) -> float:
-    per_model = finetune_steps(work, max_train_samples)
+    per_model = finetune_steps(work, max_steps)
     runs = len(models) * len(work.examples)
     return sum(per_model * step_seconds[family] for family in models) + runs * (
         work.overhead_seconds
     )
 
 
-def sample_cuts(work: FinetuneWork) -> list[int | None]:
-    """No cut, then the largest task's size halved down to MIN_FINETUNE_EXAMPLES."""
-    largest = max(work.examples.values(), default=0)
-    cuts: list[int | None] = [None]
-    size = largest // 2
-    while size >= MIN_FINETUNE_EXAMPLES:
-        cuts.append(size)
-        size //= 2
-    return cuts
+def step_caps(work: FinetuneWork) -> list[int | None]:
+    """No cap, then the longest run's steps cut by a quarter at a time down to
+    MIN_FINETUNE_STEPS."""
+    longest = max((recipe_steps(n, work.epochs) for n in work.examples.values()), default=0)
+    caps: list[int | None] = [None]
+    cap = longest * 3 // 4
+    while cap >= MIN_FINETUNE_STEPS:
+        caps.append(cap)
+        cap = cap * 3 // 4
+    return caps
 
 
 def model_names(models: Sequence[str]) -> str:
@@ -196,27 +211,27 @@ def choose_finetuning(
     work: FinetuneWork, step_seconds: Mapping[str, float], seconds: float
 ) -> FinetuneChoice:
     """The most of `work` that fits `seconds` at these step times: every model on every
-    example, else bert and its twin alone, on every example or the largest cut that fits (else
-    the smallest cut, in the time there is)."""
+    schedule, else bert and its twin alone, uncapped or at the largest cap of steps that fits
+    (else the smallest cap, in the time there is)."""
     every, pair = tuple(work.models), tuple(work.models[:2])
-    options = [(every, None)] + [(pair, cut) for cut in sample_cuts(work)]
-    for models, cut in options:
-        needed = finetune_seconds(work, models, step_seconds, cut)
+    options = [(every, None)] + [(pair, cap) for cap in step_caps(work)]
+    for models, cap in options:
+        needed = finetune_seconds(work, models, step_seconds, cap)
         if needed <= seconds:
             dropped = every[len(models) :]
             reason = f"{model_names(models)} fine-tuned for {work.epochs} epochs"
-            reason += f" on at most {cut:,} examples a task" if cut else " on every example"
+            reason += f", each run {cap:,} steps at most" if cap else ""
             reason += f": about {needed:.0f} of the {seconds:.0f} s left for fine-tuning"
             if dropped:
                 reason += f" ({', '.join(dropped)}: probed only, their fine-tunes did not fit)"
-            return FinetuneChoice(models, cut, needed, reason)
-    cut = MIN_FINETUNE_EXAMPLES
-    needed = finetune_seconds(work, pair, step_seconds, cut)
+            return FinetuneChoice(models, cap, needed, reason)
+    cap = MIN_FINETUNE_STEPS
+    needed = finetune_seconds(work, pair, step_seconds, cap)
     reason = (
-        f"bert and its twin on {cut:,} examples a task at most: about {needed:.0f} s, more than "
+        f"bert and its twin, each run {cap:,} steps at most: about {needed:.0f} s, more than "
         f"the {seconds:.0f} s left; the runs end when the time does"
     )
-    return FinetuneChoice(pair, cut, min(needed, seconds), reason)
+    return FinetuneChoice(pair, cap, min(needed, seconds), reason)
 
 
 def choose_preset(
@@ -257,6 +272,7 @@ def choose_preset(
         seq_len=batch.seq_len,
         minutes=math.floor(train_seconds / 60 * 1e4) / 1e4,  # down: never past the share
         epochs=USEFUL_PASSES if train_seconds < seconds else None,
+        lr_scale=min(1.0, TUNED_WIDTHS.get(family, batch.hidden_size) / batch.hidden_size),
         tokens_per_second=round(rate, 1),
         tokens=int(tokens),
         passes=round(tokens / corpus_tokens, 2),
@@ -304,7 +320,7 @@ def plan_run(
         fits = {}
         for preset, measured in presets.items():
             sized = {**step_seconds, family: finetune_step_seconds(measured)}
-            needed = finetune_seconds(work, finetune.models, sized, finetune.max_train_samples)
+            needed = finetune_seconds(work, finetune.models, sized, finetune.max_steps)
             fits[preset] = family not in finetune.models or needed <= finetuning
         choices[family] = choose_preset(
             family, presets, pretrain_seconds[family], corpus_tokens, fits
@@ -312,7 +328,7 @@ def plan_run(
         step_seconds[family] = finetune_step_seconds(presets[choices[family].preset])
     # Time a family's pretraining gives back (it stops after USEFUL_PASSES) goes to fine-tuning.
     returned = sum(max(pretrain_seconds[f] - c.minutes * 60, 0.0) for f, c in choices.items())
-    needed = finetune_seconds(work, finetune.models, step_seconds, finetune.max_train_samples)
+    needed = finetune_seconds(work, finetune.models, step_seconds, finetune.max_steps)
     finetune = replace(finetune, seconds=min(needed, finetuning + returned))
     seconds = {
         "before planning": spent_seconds,

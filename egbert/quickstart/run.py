@@ -52,6 +52,7 @@ from egbert.quickstart.steps import (
     is_finished,
     local_glue_tasks,
     prepare_tokenizer,
+    pretraining_defaults,
     pretraining_summary,
     save_twin,
     train_size,
@@ -295,6 +296,7 @@ def pretrain_families(
             preset=choice.preset,
             batch_size=choice.batch_size,
             seq_len=choice.seq_len,
+            lr=pretraining_defaults(family)[1].lr * choice.lr_scale,
             tokenizer=str(output_dir / "tokenizer"),
             train_files=list(map(str, train_files)),
             validation_files=list(map(str, valid_files)),
@@ -428,14 +430,14 @@ def finetune_models(
     budget: Budget,
     plan: RunPlan,
 ) -> dict[Row, dict[str, dict[int, float]]]:
-    """{row: {task: {seed: score}}}, each run on at most the plan's examples a task. First every
+    """{row: {task: {seed: score}}}, each run at most the plan's steps. First every
     model with the first seed, task by task, each run of a task for the same minutes (its share
     of the time left); then, while the time left allows a task's runs again, bert and its twin
     with further seeds, task by task (not the tasks NOT_AVERAGED: no average holds them)."""
     tasks = sorted(tasks, key=lambda task: train_size(task, glue))  # small first: time left over
     first = [(task, [(row, args.seed) for row in models]) for task in tasks]
-    cut = plan.finetuning.max_train_samples
-    scores = run_finetune_pass(first, models, glue, args, budget, cut)
+    cap = plan.finetuning.max_steps
+    scores = run_finetune_pass(first, models, glue, args, budget, cap)
     pairs = [row for row in models if row.family == "bert"]
     for seed in range(args.seed + 1, args.seed + MAX_SEEDS):
         for task in averaged_tasks(tasks):
@@ -448,7 +450,7 @@ def finetune_models(
             done = all(key in budget.plan.run_seconds for key in keys)
             if done or needed < budget.left() - REPORT_RESERVE_SECONDS:
                 runs = [(task, [(row, seed) for row in pairs])]
-                found = run_finetune_pass(runs, models, glue, args, budget, cut)
+                found = run_finetune_pass(runs, models, glue, args, budget, cap)
                 for row, by_task in found.items():
                     scores[row][task] |= by_task[task]
     return scores
@@ -460,11 +462,11 @@ def run_finetune_pass(
     glue: Path | None,
     args: QuickstartArguments,
     budget: Budget,
-    max_train_samples: int | None,
+    max_steps: int | None,
 ) -> dict[Row, dict[str, dict[int, float]]]:
-    """Fine-tune each (task, [(model, seed), ...]) of `passes` with every head, on at most
-    `max_train_samples` examples a task: the runs of a task get the same minutes, the time left
-    shared out over the runs left."""
+    """Fine-tune each (task, [(model, seed), ...]) of `passes` with every head, each run
+    `max_steps` at most: the runs of a task get the same minutes, the time left shared out over
+    the runs left."""
     scores: dict[Row, dict[str, dict[int, float]]] = {}
     total = sum(len(runs) for _, runs in passes) * len(args.heads)
     number = 0
@@ -480,9 +482,8 @@ def run_finetune_pass(
             print(f"  ({number}/{total}) {model.label} / {head} / {task} / seed {seed}")
             start = time.perf_counter()
             options = finetune_options(models[model], task, head, seed, glue, budget.plan.bf16)
-            if max_train_samples is not None:
-                cap = options.get("max_train_samples") or max_train_samples
-                options["max_train_samples"] = min(cap, max_train_samples)
+            if max_steps is not None and max_steps < recipe_steps(task, glue, options):
+                options["max_steps"] = max_steps  # the schedule ends there
             run_dir = budget.path.parent / "finetune" / key
             result, trained = finetune_once(run_dir, budget_minutes=minutes, **options)
             if trained:
@@ -492,6 +493,14 @@ def run_finetune_pass(
             row = model if len(args.heads) == 1 else Row(model.family, model.pretrained, head)
             scores.setdefault(row, {}).setdefault(task, {})[seed] = result["score"]
     return scores
+
+
+def recipe_steps(task: str, glue: Path | None, options: dict[str, Any]) -> int:
+    """Steps of a fine-tuning run with these options over the task's (local) training set."""
+    count = min(
+        train_size(task, glue) or options["max_train_samples"], options["max_train_samples"]
+    )
+    return planner.recipe_steps(count, options["epochs"])
 
 
 def run_key(model_dir: Path, head: str, task: str, seed: int) -> str:

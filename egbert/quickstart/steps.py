@@ -189,14 +189,20 @@ def save_untrained(model, tokenizer, run_dir: Path) -> Path:
     return run_dir
 
 
+def pretraining_defaults(family: str, **options: Any):
+    """(PretrainArguments, TrainingArguments) of `egbert pretrain --model family` with its recipe
+    under `options`, with no data and no output (for a model or a default, not for a run)."""
+    blank = {"tokenizer": "", "train_files": [], "output_dir": ""}
+    return pretrain_run.pretrain_arguments(model=family, **blank, **options)
+
+
 def save_twin(family: str, preset: str, seed: int, tokenizer, run_dir: Path) -> Path:
     """The family's model as `egbert pretrain` starts it (the preset with the family's defaults,
     pretraining's seed): its random initial weights."""
     if is_finished(run_dir):
         return run_dir
     set_seed(seed)
-    blank = {"tokenizer": "", "train_files": [], "output_dir": ""}
-    args, _ = pretrain_run.pretrain_arguments(model=family, preset=preset, **blank)
+    args, _ = pretraining_defaults(family, preset=preset)
     model, _ = pretrain_run.build_model(args, tokenizer)
     return save_untrained(model, tokenizer, run_dir)
 

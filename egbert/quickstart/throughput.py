@@ -18,6 +18,7 @@ from egbert.config import available_presets
 from egbert.optimization import adamw
 from egbert.pretrain import run as pretrain_run
 from egbert.quickstart.planner import Measurement, pretraining_seq_len
+from egbert.quickstart.steps import pretraining_defaults
 from egbert.runtime import synchronize
 
 WARMUP_STEPS = 1  # allocations, kernel choice
@@ -29,17 +30,9 @@ MAX_STEP_SECONDS = 2.0
 MAX_BATCH = 1024
 
 
-def recipe_batch_size(family: str) -> int:
-    """The batch `egbert pretrain` trains the family with by default (its recipe's)."""
-    blank = {"tokenizer": "", "train_files": [], "output_dir": ""}
-    _, training = pretrain_run.pretrain_arguments(model=family, **blank)
-    return training.batch_size
-
-
 def untrained_model(family: str, preset: str, tokenizer: PreTrainedTokenizerBase, seed: int):
     """The family's model as `egbert pretrain` starts it at `preset` (its recipe's config)."""
-    blank = {"tokenizer": "", "train_files": [], "output_dir": ""}
-    args, _ = pretrain_run.pretrain_arguments(model=family, preset=preset, **blank)
+    args, _ = pretraining_defaults(family, preset=preset)
     torch.manual_seed(seed)
     model, _ = pretrain_run.build_model(args, tokenizer)
     return model
@@ -101,17 +94,25 @@ def measure_family(
     for preset in presets:
         model = untrained_model(family, preset, tokenizer, seed=0).to(device)
         parameters = model.num_parameters(exclude_embeddings=True)
-        batch_size, best = recipe_batch_size(family), 0.0
+        hidden_size = model.config.hidden_size
+        batch_size, best = pretraining_defaults(family)[1].batch_size, 0.0
         while batch_size <= MAX_BATCH:
-            batch = random_batch(family, model, batch_size, seq_len, device)
-            seconds = seconds_per_step(model, batch, device, bf16)
-            found = Measurement(family, preset, batch_size, seq_len, parameters, seconds)
+            try:
+                batch = random_batch(family, model, batch_size, seq_len, device)
+                seconds = seconds_per_step(model, batch, device, bf16)
+            except torch.OutOfMemoryError:  # the device holds no larger batch: done
+                break
+            found = Measurement(
+                family, preset, batch_size, seq_len, parameters, hidden_size, seconds
+            )
             measured.append(found)
             rate = found.tokens_per_second
             if rate < (1 + BATCH_GAIN) * best or 2 * seconds > MAX_STEP_SECONDS:
                 break
             best, batch_size = max(best, rate), 2 * batch_size
         del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
         if not keep_going(measured):
             break
     return measured
