@@ -23,8 +23,9 @@ for the machine it runs on; a rerun reuses every finished step.
    and `results.png`, and prints the tables.
 
 The budget is wall-clock time on whatever device runs it. Measuring takes MEASURE_SHARE of it at
-most, pretraining PRETRAIN_SHARE (split by FAMILY_SHARES; a family that reaches the plan's cap
-of passes stops early and leaves its time to fine-tuning). The probe and the prompts get
+most; pretraining what the planned fine-tuning and the evaluation leave, within PRETRAIN_SHARES
+(split by FAMILY_SHARES; a family that reaches the plan's cap of passes stops early and leaves
+its time to fine-tuning). The probe and the prompts get
 EVALUATION_SHARE at most, the prompts PROMPT_SHARE of that: they start at a size (examples per
 task) set by the budget, and a model and its twin after the first pair run smaller where the
 runs measured before say the share left needs it (never below a tenth of the full size; results

@@ -242,19 +242,25 @@ def choose_preset(
     fits: Mapping[str, bool],
 ) -> PretrainChoice:
     """The preset of lowest predicted loss among those whose fine-tuning fits."""
-    scored = []
-    for preset, measured in by_preset.items():
-        tokens = best_rate(measured) * seconds
-        loss = predicted_loss(measured[0].parameters, tokens, corpus_tokens)
-        scored.append((not fits[preset], loss, preset))
-    _, loss, preset = min(scored)
+    losses = {
+        preset: predicted_loss(measured[0].parameters, best_rate(measured) * seconds, corpus_tokens)
+        for preset, measured in by_preset.items()
+    }
+    fitting = [preset for preset in by_preset if fits[preset]]
+    if fitting:
+        preset = min(fitting, key=losses.__getitem__)
+    else:  # the smallest, whose fine-tuning comes nearest to fitting
+        preset = min(by_preset, key=lambda name: by_preset[name][0].parameters)
+    loss = losses[preset]
     batch = chosen_batch(by_preset[preset])
     rate = batch.tokens_per_second
     useful = USEFUL_PASSES * corpus_tokens
     train_seconds = min(seconds, useful / rate)
     tokens = rate * train_seconds
     others = ", ".join(
-        f"{name} {value:.2f}" for unfit, value, name in sorted(scored) if name != preset
+        f"{name} {value:.2f}" + ("" if fits[name] else " (its fine-tuning does not fit)")
+        for name, value in sorted(losses.items(), key=lambda item: item[1])
+        if name != preset
     )
     reason = (
         f"{preset}: predicted loss {loss:.2f} at {rate:,.0f} tokens/s for {seconds:.0f} s"
@@ -288,7 +294,7 @@ def plan_run(
     spent_seconds: float,
     corpus_tokens: int,
     work: FinetuneWork,
-    pretrain_share: float,
+    pretrain_shares: tuple[float, float],
     family_shares: Mapping[str, float],
     evaluation_share: float,
     reserve_seconds: float,
@@ -296,25 +302,31 @@ def plan_run(
 ) -> RunPlan:
     """The plan (see the module's docstring). `measurements` hold each family's candidate
     presets (only the pinned one where --preset is given); `spent_seconds` is what the budget
-    lost before planning (the tokenizer, the measuring)."""
+    lost before planning (the tokenizer, the measuring). Pretraining gets what the evaluation's
+    share and the fine-tuning leave, within `pretrain_shares` (least, most) of the budget."""
     grouped: dict[str, dict[str, list[Measurement]]] = {}
     for m in measurements:
         grouped.setdefault(m.family, {}).setdefault(m.preset, []).append(m)
-    pretrain_seconds = {
-        family: max(budget_seconds * pretrain_share * share - pretrain_overhead_seconds, 1.0)
-        for family, share in family_shares.items()
-    }
+    least, most = (share * budget_seconds for share in pretrain_shares)
     evaluation = budget_seconds * evaluation_share
-    finetuning = max(
-        budget_seconds * (1 - pretrain_share - evaluation_share) - spent_seconds - reserve_seconds,
-        0.0,
-    )
+    open_seconds = max(budget_seconds - evaluation - spent_seconds - reserve_seconds, 0.0)
+    # Fine-tuning first, at the smallest sizes: what fits beside the least pretraining
     smallest = {
         family: min(presets.values(), key=lambda ms: ms[0].parameters)
         for family, presets in grouped.items()
     }
     step_seconds = {family: finetune_step_seconds(ms) for family, ms in smallest.items()}
-    finetune = choose_finetuning(work, step_seconds, finetuning)
+    finetune = choose_finetuning(work, step_seconds, max(open_seconds - least, 0.0))
+    pretraining = min(max(open_seconds - finetune.seconds, least), most)
+    pretrain_seconds = {
+        family: max(pretraining * share - pretrain_overhead_seconds, 1.0)
+        for family, share in family_shares.items()
+    }
+    spent_pretraining = sum(pretrain_seconds.values()) + len(pretrain_seconds) * (
+        pretrain_overhead_seconds
+    )
+    finetuning = max(open_seconds - spent_pretraining, 0.0)
+    # Then each family's size: the lowest predicted loss among those whose fine-tuning still fits
     choices = {}
     for family, presets in grouped.items():
         fits = {}

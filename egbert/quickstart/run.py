@@ -28,7 +28,7 @@ from egbert.quickstart.options import (
     MAX_SEEDS,
     MEASURE_SHARE,
     PLAN_FILE,
-    PRETRAIN_SHARE,
+    PRETRAIN_SHARES,
     PROMPT_SHARE,
     PROMPT_SHOTS,
     PROMPT_TASKS,
@@ -199,7 +199,7 @@ def plan_for_machine(
             spent_seconds=budget.total - budget.left(),
             corpus_tokens=budget.plan.corpus_tokens,
             work=finetune_work(tasks, glue),
-            pretrain_share=PRETRAIN_SHARE,
+            pretrain_shares=PRETRAIN_SHARES,
             family_shares=FAMILY_SHARES,
             evaluation_share=EVALUATION_SHARE,
             reserve_seconds=REPORT_RESERVE_SECONDS,
@@ -222,7 +222,7 @@ def measure_throughputs(
     corpus = budget.plan.corpus_tokens
     measured: list[Measurement] = []
     for family in MODEL_FAMILIES:
-        seconds = budget.total * PRETRAIN_SHARE * FAMILY_SHARES[family]
+        seconds = budget.total * PRETRAIN_SHARES[0] * FAMILY_SHARES[family]
 
         def larger_may_pay(found: list[Measurement], seconds=seconds) -> bool:
             losses = [
