@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from accelerate.state import AcceleratorState, GradientState
 
+import egbert
 from egbert.errors import ConfigError, DataError
 from egbert.quickstart import budget as planning
 from egbert.quickstart import options, report, run
@@ -166,7 +168,10 @@ def test_a_slow_probe_keeps_the_evaluation_within_its_share(tmp_path: Path, monk
     must end within EVALUATION_SHARE of a 15-second budget, every model probed, the later pairs
     smaller, and plan.json holding the sizes (so a rerun keeps them)."""
 
-    def slow_probe(model_dir, tasks, data_dir, *, max_train_samples, **_):
+    features = {}
+
+    def slow_probe(model_dir, tasks, data_dir, *, max_train_samples, **options):
+        features[Path(model_dir).name] = (options["features"], options["pool"])
         time.sleep(0.05 + 0.0003 * max_train_samples)
         return {"tasks": {task: {"score": 0.5} for task in tasks}}
 
@@ -192,6 +197,15 @@ def test_a_slow_probe_keeps_the_evaluation_within_its_share(tmp_path: Path, monk
     assert sizes[0] == full and sizes[1] < sizes[0] and sizes[2] < sizes[0]
     assert list(prompted) == [Row("gpt"), Row("gpt").twin()]  # their share kept for them
     assert all(probes[row.twin()].size == probes[row].size for row in probes if row.pretrained)
+    # each family's models probed with the quickstart-probe section of its recipe file
+    recipes = Path(egbert.__file__).parent / "configs" / "recipes"
+    for family in ("bert", "gpt", "elmo"):
+        probe_recipe = yaml.safe_load((recipes / "common.yaml").read_text())["quickstart-probe"]
+        own = yaml.safe_load((recipes / f"{family}.yaml").read_text()).get("quickstart-probe")
+        expected = {**probe_recipe, **(own or {})}
+        for name in (family, f"{family}-random"):
+            assert features[name] == (expected["features"], expected["pool"]), name
+    assert features["elmo"] != features["bert"]  # elmo's recipe has its own
     saved = json.loads((tmp_path / "plan.json").read_text())
     assert saved["evaluation_sizes"]["probe/gpt"] == sizes[1]
     assert len(saved["evaluation_runs"]) == len(probes) + len(prompted)
