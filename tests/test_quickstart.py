@@ -31,6 +31,7 @@ FINETUNED = ["bert", "bert (no pretraining)", "gpt", "elmo"]
 PROBED = [name for f in ("bert", "gpt", "elmo") for name in (f, f"{f} (no pretraining)")]
 PROBED += ["majority class"]
 TASKS = ["rte", "stsb"]
+RECIPES = Path(egbert.__file__).parent / "configs" / "recipes"
 MICRO = ["--budget-minutes", "0.5", "--vocab-size", "600", "--tasks", *TASKS]
 
 
@@ -104,6 +105,16 @@ def test_every_table_has_a_number_for_every_model_and_task(finished_run: Path):
     assert "perplexity" in report["pretraining"]["elmo"]["eval"]
     assert "mlm_accuracy" in report["pretraining"]["bert"]["eval"]
     assert report["plan"]["bf16"] == bf16_pays_off("cpu")
+    # quickstart's choices for bert, from its recipe file: pretraining (the twin is the same
+    # model class at its initial weights) and the fine-tuning head
+    recipe = yaml.safe_load((RECIPES / "bert.yaml").read_text())
+    pretrain_args = json.loads((finished_run / "pretrain/bert/pretrain_args.json").read_text())
+    assert pretrain_args["pretrain"]["nsp"] == recipe["quickstart-pretrain"]["nsp"] is False
+    twin = json.loads((finished_run / "pretrain/bert-random/model/config.json").read_text())
+    assert twin["architectures"] == ["EgbertBertForMaskedLM"]
+    head = json.loads((finished_run / "finetune/bert/cls/rte-seed42/model/config.json").read_text())
+    assert head["classifier_features"] == recipe["quickstart-finetune"]["features"]
+    assert head["classifier_pool"] == recipe["quickstart-finetune"]["pool"]
     assert set(report["margins_over_twin"]) == {
         "fine-tuning, bert", "probe, bert", "probe, gpt", "probe, elmo"
     }  # fmt: skip
@@ -198,10 +209,9 @@ def test_a_slow_probe_keeps_the_evaluation_within_its_share(tmp_path: Path, monk
     assert list(prompted) == [Row("gpt"), Row("gpt").twin()]  # their share kept for them
     assert all(probes[row.twin()].size == probes[row].size for row in probes if row.pretrained)
     # each family's models probed with the quickstart-probe section of its recipe file
-    recipes = Path(egbert.__file__).parent / "configs" / "recipes"
     for family in ("bert", "gpt", "elmo"):
-        probe_recipe = yaml.safe_load((recipes / "common.yaml").read_text())["quickstart-probe"]
-        own = yaml.safe_load((recipes / f"{family}.yaml").read_text()).get("quickstart-probe")
+        probe_recipe = yaml.safe_load((RECIPES / "common.yaml").read_text())["quickstart-probe"]
+        own = yaml.safe_load((RECIPES / f"{family}.yaml").read_text()).get("quickstart-probe")
         expected = {**probe_recipe, **(own or {})}
         for name in (family, f"{family}-random"):
             assert features[name] == (expected["features"], expected["pool"]), name
@@ -234,7 +244,7 @@ def test_further_seeds_go_to_the_averaged_tasks_only(tmp_path: Path, monkeypatch
     apart, keeps its one seed. (The fine-tuning runs are replaced: the schedule is under test.)"""
     planned = []
 
-    def record_runs(passes, models, glue, args, budget, max_train_samples):
+    def record_runs(passes, models, glue, args, budget, plan):
         scores = {}
         for task, runs in passes:
             for row, seed in runs:

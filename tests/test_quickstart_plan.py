@@ -105,7 +105,11 @@ def test_wider_models_than_the_recipe_was_tuned_at_get_a_smaller_lr():
     # the recipes' lr were tuned at bert mini (256 wide), gpt tiny (128), elmo mini (256)
     assert found["bert"].lr_scale == pytest.approx(256 / 768)
     assert found["gpt"].lr_scale == pytest.approx(128 / 768)
-    assert plan([m for m in CPU if m.preset == "tiny"], 30).pretraining["bert"].lr_scale == 1.0
+    # quickstart's fine-tuning lr: bert's tuned at tiny (128 wide), gpt's and elmo's at mini
+    assert found["bert"].finetune_lr_scale == pytest.approx(128 / 768)
+    assert found["elmo"].finetune_lr_scale == pytest.approx(256 / 768)
+    tiny = plan([m for m in CPU if m.preset == "tiny"], 30).pretraining["bert"]
+    assert tiny.lr_scale == tiny.finetune_lr_scale == 1.0  # never above the recipe's
 
 
 def test_where_no_size_can_fine_tune_in_time_the_smallest_is_taken():

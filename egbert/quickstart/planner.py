@@ -49,9 +49,12 @@ BATCH_TOLERANCE = 0.1  # a smaller batch within 10% of the best rate is taken: m
 # time (its recipe, egbert/configs/recipes/elmo.yaml: 64).
 TRANSFORMER_SEQ_LEN = 128
 ELMO_SEQ_LEN = 64
-# Fine-tuning steps: examples padded to the longest of a batch of 32 GLUE examples hold about
-# this many tokens (measured on the quickstart tokenizer: the five tasks' train sets).
-FINETUNE_TOKENS_PER_EXAMPLE = 64
+# A fine-tuning step, in pretraining tokens: GLUE examples padded to the longest of a batch of
+# 32 hold about 50 tokens (the six tasks' train sets, steps weighted, quickstart's tokenizer),
+# and with no softmax over the vocabulary a fine-tuning token costs about two thirds of a
+# pretraining one (tiny bert on 2 CPU cores: 36 ms a CoLA step, 110 ms an RTE step, against
+# 75 ms a pretraining step of 16 x 128 tokens).
+FINETUNE_TOKENS_PER_EXAMPLE = 32
 FINETUNE_BATCH = 32
 MIN_FINETUNE_STEPS = 200  # the plan never caps a run below this many steps
 # The widths each family's recipe lr was tuned at (egbert/configs/recipes/: bert and elmo on mini,
@@ -59,6 +62,9 @@ MIN_FINETUNE_STEPS = 200  # the plan never caps a run below this many steps
 # hidden layers under the maximal-update parametrization (Yang et al. 2022): the update a step
 # makes to a layer's output then stays the size the recipe was tuned for.
 TUNED_WIDTHS = {"bert": 256, "gpt": 128, "elmo": 256}
+# The same for quickstart's fine-tuning lr (the quickstart-finetune sections): bert's was tuned
+# on tiny, gpt's and elmo's on mini (docs/experiments/quickstart-plan.md, recipe-compare.md).
+FINETUNE_TUNED_WIDTHS = {"bert": 128, "gpt": 256, "elmo": 256}
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,8 @@ class PretrainChoice:
     seq_len: int
     minutes: float
     epochs: int | None  # the passes cap (None: the time ends first)
-    lr_scale: float  # of the family's recipe lr
+    lr_scale: float  # of the family's pretraining lr
+    finetune_lr_scale: float  # of the family's quickstart-finetune lr
     tokens_per_second: float
     tokens: int
     passes: float
@@ -234,6 +241,11 @@ def choose_finetuning(
     return FinetuneChoice(pair, cap, min(needed, seconds), reason)
 
 
+def width_scale(tuned: Mapping[str, int], family: str, width: int) -> float:
+    """The lr multiplier of a model `width` wide: tuned width over its own, never above 1."""
+    return min(1.0, tuned.get(family, width) / width)
+
+
 def choose_preset(
     family: str,
     by_preset: Mapping[str, Sequence[Measurement]],
@@ -278,7 +290,8 @@ def choose_preset(
         seq_len=batch.seq_len,
         minutes=math.floor(train_seconds / 60 * 1e4) / 1e4,  # down: never past the share
         epochs=USEFUL_PASSES if train_seconds < seconds else None,
-        lr_scale=min(1.0, TUNED_WIDTHS.get(family, batch.hidden_size) / batch.hidden_size),
+        lr_scale=width_scale(TUNED_WIDTHS, family, batch.hidden_size),
+        finetune_lr_scale=width_scale(FINETUNE_TUNED_WIDTHS, family, batch.hidden_size),
         tokens_per_second=round(rate, 1),
         tokens=int(tokens),
         passes=round(tokens / corpus_tokens, 2),

@@ -54,6 +54,7 @@ from egbert.quickstart.steps import (
     prepare_tokenizer,
     pretraining_defaults,
     pretraining_summary,
+    quickstart_pretraining,
     save_twin,
     train_size,
 )
@@ -278,8 +279,9 @@ def print_plan(plan: RunPlan, budget: Budget) -> None:
 def pretrain_families(
     args: QuickstartArguments, budget: Budget, data: Path, plan: RunPlan
 ) -> dict[Row, Path]:
-    """Each family pretrained with `egbert pretrain`'s defaults at the plan's size, batch, length
-    and minutes (and its passes cap)."""
+    """Each family pretrained with `egbert pretrain`'s defaults and quickstart's choices over them
+    (quickstart_pretraining) at the plan's size, batch, length, lr and minutes (and its passes
+    cap)."""
     train_files, valid_files = corpus_files(data)
     output_dir = Path(args.output_dir)
     run_dirs = {}
@@ -313,6 +315,7 @@ def pretrain_families(
             resume=(run_dir / "checkpoints").is_dir(),
             output_dir=str(run_dir),
             card_datasets=CARD_DATASETS,
+            **quickstart_pretraining(family),
         )
         if result.interrupted:
             raise RunStopped
@@ -436,8 +439,7 @@ def finetune_models(
     with further seeds, task by task (not the tasks NOT_AVERAGED: no average holds them)."""
     tasks = sorted(tasks, key=lambda task: train_size(task, glue))  # small first: time left over
     first = [(task, [(row, args.seed) for row in models]) for task in tasks]
-    cap = plan.finetuning.max_steps
-    scores = run_finetune_pass(first, models, glue, args, budget, cap)
+    scores = run_finetune_pass(first, models, glue, args, budget, plan)
     pairs = [row for row in models if row.family == "bert"]
     for seed in range(args.seed + 1, args.seed + MAX_SEEDS):
         for task in averaged_tasks(tasks):
@@ -450,7 +452,7 @@ def finetune_models(
             done = all(key in budget.plan.run_seconds for key in keys)
             if done or needed < budget.left() - REPORT_RESERVE_SECONDS:
                 runs = [(task, [(row, seed) for row in pairs])]
-                found = run_finetune_pass(runs, models, glue, args, budget, cap)
+                found = run_finetune_pass(runs, models, glue, args, budget, plan)
                 for row, by_task in found.items():
                     scores[row][task] |= by_task[task]
     return scores
@@ -462,11 +464,11 @@ def run_finetune_pass(
     glue: Path | None,
     args: QuickstartArguments,
     budget: Budget,
-    max_steps: int | None,
+    plan: RunPlan,
 ) -> dict[Row, dict[str, dict[int, float]]]:
-    """Fine-tune each (task, [(model, seed), ...]) of `passes` with every head, each run
-    `max_steps` at most: the runs of a task get the same minutes, the time left shared out over
-    the runs left."""
+    """Fine-tune each (task, [(model, seed), ...]) of `passes` with every head, each run at most
+    the plan's steps and at the lr for its model's width: the runs of a task get the same
+    minutes, the time left shared out over the runs left."""
     scores: dict[Row, dict[str, dict[int, float]]] = {}
     total = sum(len(runs) for _, runs in passes) * len(args.heads)
     number = 0
@@ -482,8 +484,10 @@ def run_finetune_pass(
             print(f"  ({number}/{total}) {model.label} / {head} / {task} / seed {seed}")
             start = time.perf_counter()
             options = finetune_options(models[model], task, head, seed, glue, budget.plan.bf16)
-            if max_steps is not None and max_steps < recipe_steps(task, glue, options):
-                options["max_steps"] = max_steps  # the schedule ends there
+            options["lr"] *= plan.pretraining[model.family].finetune_lr_scale
+            cap = plan.finetuning.max_steps
+            if cap is not None and cap < recipe_steps(task, glue, options):
+                options["max_steps"] = cap  # the schedule ends there
             run_dir = budget.path.parent / "finetune" / key
             result, trained = finetune_once(run_dir, budget_minutes=minutes, **options)
             if trained:

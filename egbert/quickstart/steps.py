@@ -189,15 +189,23 @@ def save_untrained(model, tokenizer, run_dir: Path) -> Path:
     return run_dir
 
 
+def quickstart_pretraining(family: str) -> dict[str, Any]:
+    """quickstart's pretraining options of a family over `egbert pretrain`'s defaults: the
+    quickstart-pretrain section of its recipe (bert: masked LM alone)."""
+    return load_recipe(family, "quickstart-pretrain")
+
+
 def pretraining_defaults(family: str, **options: Any):
-    """(PretrainArguments, TrainingArguments) of `egbert pretrain --model family` with its recipe
-    under `options`, with no data and no output (for a model or a default, not for a run)."""
+    """(PretrainArguments, TrainingArguments) of quickstart's pretraining of `family` (`egbert
+    pretrain`'s defaults under quickstart_pretraining under `options`), with no data and no
+    output (for a model or a default, not for a run)."""
     blank = {"tokenizer": "", "train_files": [], "output_dir": ""}
-    return pretrain_run.pretrain_arguments(model=family, **blank, **options)
+    chosen = {**quickstart_pretraining(family), **options}
+    return pretrain_run.pretrain_arguments(model=family, **blank, **chosen)
 
 
 def save_twin(family: str, preset: str, seed: int, tokenizer, run_dir: Path) -> Path:
-    """The family's model as `egbert pretrain` starts it (the preset with the family's defaults,
+    """The family's model as quickstart's pretraining starts it (the preset with its options,
     pretraining's seed): its random initial weights."""
     if is_finished(run_dir):
         return run_dir
