@@ -1,12 +1,14 @@
 """quickstart's planner (egbert.quickstart.planner) as the pure function it is: given measured
 step times, a budget and a corpus, the sizes, batches, passes and fine-tuning runs it picks.
 
-The step times below stand for two machines, written here from what was measured on them
-(docs/results.md, docs/performance.md, issue 55's table), not from the code under test:
-- a 2-core CPU: tiny bert 20k tokens/s at batch 16 and 22k at 32; mini 15k, small 4k, base
-  600 at any batch; per step at least 40 ms;
-- one H100: rates that grow with the batch until a preset's peak (base bert 566k tokens/s at
-  batch 256, mini 2.5M, ...), with 15 ms a step at least.
+The step rates below stand for two machines, written here from what was measured on them, not
+from the code under test:
+- a 2-core CPU (AMD EPYC with AVX512-BF16, bf16; egbert.quickstart.throughput on 2026-11-27,
+  the machine loaded): tiny bert 27k tokens/s, mini 9k; tiny gpt 14k, mini 5k; tiny elmo
+  3.6k, mini 1.3k; small and base scaled from mini by their FLOPs per token; 40 ms a step at
+  least;
+- one H100 (issue 55's table: base bert 566k tokens/s, base gpt 485k, elmo 81k), the smaller
+  presets faster by their FLOPs until per-step costs (15 ms) bound them.
 """
 
 from __future__ import annotations
@@ -22,10 +24,20 @@ from egbert.quickstart.planner import FinetuneWork, Measurement
 
 # Non-embedding parameters of the presets (12 * layers * hidden^2, as BERT's papers count them)
 WIDTHS = {"tiny": 128, "mini": 256, "small": 512, "base": 768}
-PARAMETERS = {"tiny": 12 * 2 * 128**2, "mini": 12 * 4 * 256**2, "small": 12 * 4 * 512**2,
-              "base": 12 * 12 * 768**2}  # fmt: skip
-CPU_PEAK = {"tiny": 22_000, "mini": 15_000, "small": 4_000, "base": 600}
-GPU_PEAK = {"tiny": 4_000_000, "mini": 2_500_000, "small": 1_400_000, "base": 566_000}
+LAYERS = {"tiny": 2, "mini": 4, "small": 4, "base": 12}
+# every parameter: 12 * layers * width^2 in the blocks (as BERT's papers count them), and the
+# embeddings of a 16,000-token vocabulary and 512 positions
+PARAMETERS = {p: 12 * LAYERS[p] * w**2 + (16000 + 512) * w for p, w in WIDTHS.items()}
+CPU_PEAK = {
+    "bert": {"tiny": 27_000, "mini": 9_000, "small": 2_500, "base": 400},
+    "gpt": {"tiny": 14_000, "mini": 5_000, "small": 1_400, "base": 230},
+    "elmo": {"tiny": 3_600, "mini": 1_300, "small": 400, "base": 100},
+}
+GPU_PEAK = {
+    "bert": {"tiny": 4_000_000, "mini": 2_500_000, "small": 1_400_000, "base": 566_000},
+    "gpt": {"tiny": 3_500_000, "mini": 2_200_000, "small": 1_200_000, "base": 485_000},
+    "elmo": {"tiny": 1_500_000, "mini": 800_000, "small": 300_000, "base": 81_000},
+}
 GLUE = {"cola": 8551, "sst2": 20000, "mrpc": 3668, "stsb": 5749, "rte": 2490, "wnli": 635}
 CORPUS_TOKENS = 3_750_000
 SHARES = dict(
@@ -37,13 +49,13 @@ SHARES = dict(
 )
 
 
-def machine(peaks: dict[str, float], least_step: float, batches: list[int]) -> list[Measurement]:
+def machine(peaks: dict, least_step: float, batches: list[int]) -> list[Measurement]:
     """Step times of every family and preset at `batches`: a step holds batch x seq tokens at
     the preset's peak rate, or takes `least_step` seconds, whichever is longer."""
     found = []
-    for family in ("bert", "gpt", "elmo"):
+    for family, by_preset in peaks.items():
         seq_len = 64 if family == "elmo" else 128
-        for preset, peak in peaks.items():
+        for preset, peak in by_preset.items():
             for batch in batches:
                 seconds = max(batch * seq_len / peak, least_step)
                 sizes = PARAMETERS[preset], WIDTHS[preset]
@@ -89,7 +101,7 @@ def test_a_gpu_buys_a_larger_model_and_batch_than_two_cpu_cores():
         assert order.index(on_gpu.preset) > order.index(on_cpu.preset), family
         assert on_gpu.batch_size > on_cpu.batch_size, family
     assert cpu.pretraining["bert"].preset == "tiny"
-    # the smallest batch within 10% of the best rate: on the CPU 16 (20k of 22k tokens/s)
+    # the smallest batch within 10% of the best rate: at the same rate, the first measured
     assert cpu.pretraining["bert"].batch_size == 16
 
 
@@ -114,7 +126,8 @@ def test_wider_models_than_the_recipe_was_tuned_at_get_a_smaller_lr():
 
 def test_where_no_size_can_fine_tune_in_time_the_smallest_is_taken():
     # a CPU ten times slower: not even the smallest fine-tunes bert and its twin in 10 minutes
-    slow = machine({p: rate / 10 for p, rate in CPU_PEAK.items()}, 0.4, [16, 32])
+    slower = {f: {p: rate / 10 for p, rate in rates.items()} for f, rates in CPU_PEAK.items()}
+    slow = machine(slower, 0.4, [16, 32])
     found = plan(slow, 10)
     assert "the runs end when the time does" in found.finetuning.reason
     assert found.pretraining["bert"].preset == "tiny"
@@ -131,7 +144,7 @@ def test_pretraining_stops_after_the_useful_passes_and_gives_its_time_to_fine_tu
     found = plan(tiny_only, 30)
     bert = found.pretraining["bert"]
     assert bert.epochs == planner.USEFUL_PASSES
-    # 16 passes of 3.75M tokens at 4M tokens/s: 15 s, far less than bert's 7.5 minutes
+    # 16 passes of 3.75M tokens at 4M tokens/s: 15 s, far less than bert's share
     assert bert.minutes * 60 == pytest.approx(16 * CORPUS_TOKENS / 4_000_000, rel=1e-3)
     assert found.seconds["pretraining"] < 0.6 * 30 * 60 - 300
 
@@ -163,7 +176,7 @@ def test_fine_tuning_that_does_not_fit_drops_gpt_and_elmo_before_it_caps_steps()
     least_step=st.floats(min_value=0.005, max_value=0.2),
 )
 def test_no_plan_exceeds_its_budget(minutes: float, speed: float, least_step: float):
-    peaks = {preset: rate * speed for preset, rate in CPU_PEAK.items()}
+    peaks = {f: {p: rate * speed for p, rate in rates.items()} for f, rates in CPU_PEAK.items()}
     found = plan(machine(peaks, least_step, [16, 32, 64]), minutes)
     assert sum(found.seconds.values()) <= minutes * 60 + 1e-6
     for choice in found.pretraining.values():

@@ -10,8 +10,10 @@ The rule for the model size. Each family gets a fixed share of the budget for pr
 each measured preset that time buys `tokens = rate x seconds`. The preset chosen is the one
 whose predicted loss is lowest, by the data-constrained scaling law of Muennighoff et al. (2023,
 "Scaling Data-Constrained Language Models"): the parametric loss of Hoffmann et al. (2022),
-E + A / N^alpha + B / D'^beta with Chinchilla's fitted constants, where N counts the
-non-embedding parameters and D' the effective tokens: the corpus once, plus its repetitions
+E + A / N^alpha + B / D'^beta with Chinchilla's fitted constants, where N counts every
+parameter, the embeddings included, as Hoffmann et al. count them (Pearce and Song, 2024, trace
+the gap between Kaplan's and Chinchilla's optima to that count; at quickstart's sizes the
+embeddings are most of a model), and D' the effective tokens: the corpus once, plus its repetitions
 worth less and less, D' = U + U R* (1 - exp(-R / R*)) for R repetitions of U unique tokens with
 R* = 15.4 (their fit: up to about 4 passes repeated tokens are worth nearly fresh ones; after
 about 16 the rest is worth nothing). On two CPU cores a larger model sees fewer tokens than
@@ -75,7 +77,7 @@ class Measurement:
     preset: str
     batch_size: int
     seq_len: int
-    parameters: int  # non-embedding parameters
+    parameters: int  # every parameter, the embeddings included
     hidden_size: int
     seconds_per_step: float
 

@@ -93,7 +93,7 @@ def measure_family(
     measured: list[Measurement] = []
     for preset in presets:
         model = untrained_model(family, preset, tokenizer, seed=0).to(device)
-        parameters = model.num_parameters(exclude_embeddings=True)
+        parameters = model.num_parameters()
         hidden_size = model.config.hidden_size
         batch_size, best = pretraining_defaults(family)[1].batch_size, 0.0
         while batch_size <= MAX_BATCH:
