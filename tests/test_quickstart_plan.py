@@ -38,10 +38,29 @@ GPU_PEAK = {
     "gpt": {"tiny": 3_500_000, "mini": 2_200_000, "small": 1_200_000, "base": 485_000},
     "elmo": {"tiny": 1_500_000, "mini": 800_000, "small": 300_000, "base": 81_000},
 }
+# Step times `egbert quickstart` measured on a 2-core AMD EPYC (bf16) on 2026-11-27 (its
+# plan.json): family, preset, batch, length, parameters, width, seconds a step.
+MEASURED_CPU = [
+    ("bert", "tiny", 16, 128, 2543360, 128, 0.0856045956664578),
+    ("bert", "tiny", 32, 128, 2543360, 128, 0.231948248666716),
+    ("bert", "mini", 16, 128, 7469440, 256, 0.30725117433333554),
+    ("bert", "mini", 32, 128, 7469440, 256, 0.5157295496668061),
+    ("bert", "mini", 64, 128, 7469440, 256, 1.1304106493334984),
+    ("gpt", "tiny", 32, 128, 2510336, 128, 0.43795951566668617),
+    ("gpt", "tiny", 64, 128, 2510336, 128, 0.6101045626667959),
+    ("gpt", "tiny", 128, 128, 2510336, 128, 1.5650626419998541),
+    ("gpt", "mini", 32, 128, 7386624, 256, 0.9409804876668204),
+    ("gpt", "mini", 64, 128, 7386624, 256, 1.7936796293333828),
+    ("elmo", "tiny", 32, 64, 4439680, 128, 0.8901521713332841),
+    ("elmo", "tiny", 64, 64, 4439680, 128, 1.4160617443333952),
+    ("elmo", "mini", 32, 64, 13581952, 256, 1.611274595666752),
+]
+# quickstart counts a task's examples by its train file's lines (headers included)
+LINES = {"cola": 8551, "sst2": 20000, "mrpc": 3669, "stsb": 5750, "rte": 2491, "wnli": 636}
 GLUE = {"cola": 8551, "sst2": 20000, "mrpc": 3668, "stsb": 5749, "rte": 2490, "wnli": 635}
 CORPUS_TOKENS = 3_750_000
 SHARES = dict(
-    pretrain_shares=(0.4, 0.6),
+    pretrain_shares=(0.45, 0.6),
     family_shares={"bert": 0.5, "gpt": 0.25, "elmo": 0.25},
     evaluation_share=0.2,
     reserve_seconds=10.0,
@@ -108,6 +127,8 @@ def test_a_gpu_buys_a_larger_model_and_batch_than_two_cpu_cores():
 def test_the_plan_says_why():
     choice = plan(CPU, 30).pretraining["bert"]
     assert "tiny" in choice.reason and "predicted loss" in choice.reason
+    # tiny's fine-tuning fits exactly the time planned for it: not reported as unfit
+    assert "no size's fine-tuning fits" not in choice.reason
     assert choice.tokens == pytest.approx(choice.tokens_per_second * choice.minutes * 60, rel=1e-3)
     assert choice.passes == pytest.approx(choice.tokens / CORPUS_TOKENS, abs=0.01)
 
@@ -132,6 +153,19 @@ def test_where_no_size_can_fine_tune_in_time_the_smallest_is_taken():
     assert "the runs end when the time does" in found.finetuning.reason
     assert found.pretraining["bert"].preset == "tiny"
     assert "its fine-tuning does not fit" in found.pretraining["bert"].reason
+
+
+def test_the_cpu_that_ran_quickstart_gets_the_tiny_models_and_fine_tunes_bert():
+    measured = [Measurement(*row) for row in MEASURED_CPU]
+    found = planner.plan_run(
+        measured, budget_seconds=1800, spent_seconds=55.470040006999625, corpus_tokens=3_711_987,
+        work=FinetuneWork(LINES, epochs=3), **SHARES,
+    )  # fmt: skip
+    assert {c.preset for c in found.pretraining.values()} == {"tiny"}
+    assert found.finetuning.models[:2] == ("bert", "bert")
+    # bert's fine-tuning fits the time left to it to the last second: fitting, not the fallback
+    assert "no size's fine-tuning fits" not in found.pretraining["bert"].reason
+    assert sum(found.seconds.values()) <= 1800
 
 
 def test_a_pinned_preset_is_the_only_candidate():

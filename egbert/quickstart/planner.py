@@ -348,7 +348,7 @@ def plan_run(
         for preset, measured in presets.items():
             sized = {**step_seconds, family: finetune_step_seconds(measured)}
             needed = finetune_seconds(work, finetune.models, sized, finetune.max_steps)
-            fits[preset] = family not in finetune.models or needed <= finetuning
+            fits[preset] = family not in finetune.models or needed <= finetuning + 1e-6
         choices[family] = choose_preset(
             family, presets, pretrain_seconds[family], corpus_tokens, fits
         )
