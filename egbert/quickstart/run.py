@@ -79,7 +79,7 @@ def run_quickstart(**options: Any) -> dict[str, Any]:
 
 
 def quickstart(args: QuickstartArguments) -> dict[str, Any]:
-    """Tokenizer -> pretraining -> probe and prompts -> fine-tuning -> results."""
+    """Tokenizer -> the plan -> pretraining -> probe and prompts -> fine-tuning -> results."""
     output_dir = Path(args.output_dir)
     # Data: local files, or the hub's written out as local files
     if args.from_hub:
