@@ -24,8 +24,8 @@ FAMILY_SHARES = {"bert": 0.5, "gpt": 0.25, "elmo": 0.25}
 # The probe and the prompts: at most this share of the whole budget, whatever the machine (their
 # size alone, fixed by the budget, took 148 of a 3-minute run's 180 s on a busy GPU machine).
 EVALUATION_SHARE = 0.2
-# Of that share, the prompts keep this part for themselves: the probe of every model runs first
-# and would otherwise spend it all on a slow machine (the prompts were skipped at 79e464e).
+# Of that share, the prompts take this part first: after the probes, which can run slower than
+# measured, they were skipped (79e464e) or cut to a tenth of their size.
 PROMPT_SHARE = 0.25
 # Fine-tuning: each run trains for its share of the time left with the options of the
 # quickstart-finetune section of its family's recipe (egbert/configs/recipes/); a family's own

@@ -352,15 +352,16 @@ def evaluate_models(
     args: QuickstartArguments,
     budget: Budget,
 ) -> tuple[dict[Row, Evaluation], dict[Row, Evaluation], list[str]]:
-    """(probes, prompts, prompt tasks): every model probed, then gpt and its twin prompted, all
-    within EVALUATION_SHARE of the budget, the probes in all but PROMPT_SHARE of it. A model and
+    """(probes, prompts, prompt tasks): gpt and its twin prompted in PROMPT_SHARE of
+    EVALUATION_SHARE of the budget, then every model probed in what is left of it. A model and
     its twin share one size (examples per task), the planned one or less where the runs measured
     before say the share left needs it, and never less than a tenth of it."""
     prompt_tasks = [t for t in PROMPT_TASKS if split_file(get_task(t), "validation", glue_dir)]
     pairs = [(Row(family), Row(family).twin()) for family in MODEL_FAMILIES]
-    groups = [("probe", pair) for pair in pairs] + [
-        ("prompt-eval", (Row("gpt"), Row("gpt").twin()))
-    ]
+    # The prompts first, in their part of the share, so that probes slower than measured
+    # (elmo's cost more an example than bert's) cannot leave them nothing.
+    groups = [("prompt-eval", (Row("gpt"), Row("gpt").twin()))]
+    groups += [("probe", pair) for pair in pairs]
     share = EVALUATION_SHARE * budget.total
     start = time.perf_counter()
     found: dict[str, dict[Row, Evaluation]] = {"probe": {}, "prompt-eval": {}}
@@ -371,7 +372,7 @@ def evaluate_models(
             f"{command}/{rows[0].family}",
             command,
             planned_size(command, args.budget_minutes),
-            share * (1 - PROMPT_SHARE) if command == "probe" else share,
+            share * PROMPT_SHARE if command == "prompt-eval" else share,
             runs_left,
             required=True,
         )
