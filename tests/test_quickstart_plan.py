@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from egbert.quickstart import planner
 from egbert.quickstart.planner import FinetuneWork, Measurement
 
-# Non-embedding parameters of the presets (12 * layers * hidden^2, as BERT's papers count them)
 WIDTHS = {"tiny": 128, "mini": 256, "small": 512, "base": 768}
 LAYERS = {"tiny": 2, "mini": 4, "small": 4, "base": 12}
 # every parameter: 12 * layers * width^2 in the blocks (as BERT's papers count them), and the
