@@ -83,7 +83,8 @@ if [ "$suite" = 1 ]; then
     code=$?
     summary=$(grep -E "[0-9]+ (passed|failed|error)" "$out/pytest.log" | tail -1 | tr -d '=')
     # the failures by name (-v writes each as it ends; -rfE lists them again at the end)
-    names=$(grep -oE "(FAILED|ERROR) tests/[^ ]+" "$out/pytest.log" | awk '{print $2}' | sort -u | paste -sd' ' -)
+    names=$(grep -oE "(FAILED|ERROR) tests/[^ ]+|tests/[^ ]+ (FAILED|ERROR)" "$out/pytest.log" \
+        | grep -oE "tests/[^ ]+" | sort -u | paste -sd' ' -)
     record "test suite" "$code" "${summary:-no summary: see $out/pytest.log} ($(( $(date +%s) - start )) s)${names:+; failed: $names}"
 else
     rows+=("| test suite | skipped | --no-suite |")
