@@ -20,9 +20,10 @@ One table at the end; the exit code is 1 if any family failed.
 `--engine ddp` or `fsdp` starts each run through `accelerate launch` with
 configs/accelerate/ddp.yaml or fsdp.yaml and --processes processes (default 1: the model is
 wrapped in DDP, or sharded by FSDP2, its checkpoints sharded and the final model gathered, on a
-machine with one GPU). On a CPU-only machine the same launch trains on gloo (MULTI_CPU). The
-table's engine column is what the trainer reported at start. `--compile` trains every run with
-`--compile` (torch.compile after DDP/FSDP wrapped the model).
+machine with one GPU). On a CPU-only machine the same launch trains data-parallel on gloo
+(MULTI_CPU; FSDP's config too, since FSDP runs on GPUs only). The table's engine column is what
+the trainer reported at start. `--compile` trains every run with `--compile` (torch.compile
+after DDP/FSDP wrapped the model).
 """
 
 from __future__ import annotations
