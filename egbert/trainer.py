@@ -100,6 +100,8 @@ class TrainOutput:
     interrupted: bool  # stopped by a signal: a checkpoint is saved but no final model
     model_dir: Path | None  # the saved model (None when interrupted)
     compile_seconds: float = 0.0  # --compile: the first step's time, left out of the above
+    # FLOP/s the log's MFU divides by (the matmul peak, all processes; None: no MFU logged)
+    matmul_peak_flops: float | None = None
 
 
 # ---------------------------------------------------------------- the trainer
@@ -234,6 +236,7 @@ class Trainer:
             args.budget_minutes is not None and self.accelerator.num_processes > 1
         )
         self.compile_seconds = 0.0
+        self.matmul_peak_flops: float | None = None
 
     def _lr_multiplier(self, step: int) -> float:
         return optimization.lr_multiplier(
@@ -312,6 +315,7 @@ class Trainer:
             interrupted=model_dir is None,
             model_dir=model_dir,
             compile_seconds=self.compile_seconds,
+            matmul_peak_flops=self.matmul_peak_flops,
         )
 
     def _train_loop(self, progress: tqdm) -> None:
@@ -532,8 +536,10 @@ class Trainer:
         self._window = report.LossWindow(state.elapsed_seconds)
 
     def _matmul_peak(self) -> float | None:
-        """MFU's denominator; None without a FLOP count."""
-        return None if self.flops_per_token is None else run_matmul_peak_flops(self.accelerator)
+        """MFU's denominator (kept for the run's results); None without a FLOP count."""
+        if self.flops_per_token is not None:
+            self.matmul_peak_flops = run_matmul_peak_flops(self.accelerator)
+        return self.matmul_peak_flops
 
     # ------------------------------------------------------------ evaluation and prediction
 

@@ -358,6 +358,7 @@ def timing_row(
         "ratio": times.reference / times.egbert,
         "egbert_mfu": work.flops_per_step / times.egbert / peak,
         "reference_mfu": work.flops_per_step / times.reference / peak,
+        "peak_flops": peak,  # what both MFUs divide by
         f"egbert_{memory_key(args)}": float("nan"),
         f"reference_{memory_key(args)}": float("nan"),
         "egbert_first_step_s": times.egbert_first,
@@ -394,6 +395,7 @@ def compiled_row(args: argparse.Namespace, index: int, precision: str, peak: flo
     name = workloads(args)[index][0]
     numbers = [*ROW_NUMBERS, f"egbert_{memory_key(args)}", f"reference_{memory_key(args)}"]
     row = dict.fromkeys(numbers, float("nan"))
+    row["peak_flops"] = peak
     return {"model": name, "precision": precision, "compile": True, **row, "note": note}
 
 

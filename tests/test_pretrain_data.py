@@ -406,6 +406,10 @@ def test_mlm_collator_pads_masks_and_is_reproducible(wiki_tokenized, tokenizer):
     # An example's mask depends on the example, seed and epoch, not on its batch.
     alone = collator(examples[3:4])
     assert torch.equal(alone["input_ids"][0], batch["input_ids"][3, : lengths[3]])
+    # ids given as int64 arrays (as a prepared folder's) are masked in a copy, not in place
+    arrays = [{**example, "input_ids": np.array(example["input_ids"])} for example in examples]
+    assert torch.equal(collator(arrays)["input_ids"], batch["input_ids"])
+    assert [list(example["input_ids"]) for example in arrays] == [e["input_ids"] for e in examples]
     collator.set_epoch(1)
     assert not torch.equal(collator(examples)["input_ids"], batch["input_ids"])
 

@@ -110,6 +110,8 @@ def test_tiny_preset_pretrains_and_validation_loss_falls(
         peak = matmul_peak_flops(training_device(), torch.float32)
         for record in train:
             assert record["mfu"] == pytest.approx(record["tokens_per_s"] * flops / peak)
+        # the peak it divided by, in the results, for MFU against another (gpu_perf's datasheet)
+        assert json.loads((out / "train_results.json").read_text())["matmul_peak_flops"] == peak
     assert {name for name in train[-1] if name.endswith("loss")} == {"loss", *loss_parts}
     for record in train:
         total = sum(weight * record[name] for name, weight in loss_parts.items())
