@@ -278,7 +278,10 @@ class ArgumentParser(argparse.ArgumentParser):
         hint = self._hint(name)
         if hint:
             return f"unrecognized option {name} ({hint})"
-        meant = suggestion(name, self._visible_option_strings())
+        # egbert's own names first: an alias (`--learning-rate`) only where none is close
+        meant = suggestion(name, self._visible_option_strings(canonical=True)) or suggestion(
+            name, self._visible_option_strings()
+        )
         return f"unrecognized option {name}" + (f" (did you mean {meant}?)" if meant else "")
 
     def _hint(self, name: str) -> str | None:
@@ -318,13 +321,21 @@ class ArgumentParser(argparse.ArgumentParser):
                     actions.setdefault(option[2:].replace("-", "_"), action)
         return actions
 
-    def _visible_option_strings(self) -> list[str]:
-        names = [name for name in self._option_string_actions if name.startswith("--")]
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for parser in action.choices.values():
-                    names += [name for name in parser._option_string_actions if name[:2] == "--"]
-        return names
+    def _visible_option_strings(self, canonical: bool = False) -> list[str]:
+        """Every long option (`canonical`: each action's first), subcommands' included."""
+        parsers = [self] + [
+            parser
+            for action in self._actions
+            if isinstance(action, argparse._SubParsersAction)
+            for parser in action.choices.values()
+        ]
+        return [
+            name
+            for parser in parsers
+            for action in parser._actions
+            for name in action.option_strings[: 1 if canonical else None]
+            if name.startswith("--")
+        ]
 
     def _order(self, dest: str) -> int:
         return [action.dest for action in self._actions].index(dest)

@@ -354,15 +354,34 @@ def test_a_damaged_folder_is_refused_in_one_line_before_anything_is_written(
     assert _one_line_error(verify) == message.replace("egbert pretrain", "egbert prepare")
 
 
+def prepare_again_argv(folder: Path, tokenizer: Path) -> list[str]:
+    """The `egbert prepare` command line that made `small_folder`."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    argv = ["prepare", "--model", "bert", "--tokenizer", str(tokenizer), "--seq-len", "32"]
+    argv += ["--doc-boundary", "wikitext", "--output-dir", str(folder), "--train-files"]
+    return [*argv, manifest["sources"]["train_files"][0].rsplit(" (", 1)[0]]
+
+
 def test_prepare_refuses_to_call_a_damaged_folder_done(small_folder, tiny_tokenizer_dir, tmp_path):
     folder = shutil.copytree(small_folder, tmp_path / "folder")
-    manifest = json.loads((folder / "manifest.json").read_text())
-    argv = ["prepare", "--model", "bert", "--tokenizer", str(tiny_tokenizer_dir), "--seq-len"]
-    argv += ["32", "--doc-boundary", "wikitext", "--output-dir", str(folder), "--train-files"]
-    argv += [manifest["sources"]["train_files"][0].rsplit(" (", 1)[0]]
+    argv = prepare_again_argv(folder, tiny_tokenizer_dir)
+    cli_main(argv)  # the same options: nothing to do
     _truncate(folder / "train/00000.input_ids.bin", 6000)
     message = _one_line_error(argv)
     assert "train/00000.input_ids.bin: 6,000 bytes" in message and "damaged" in message
+
+
+@proves("prepare", "--max-train-samples")
+def test_max_train_samples_is_the_runs_and_leaves_the_examples_alone(
+    small_folder, tiny_tokenizer_dir, tmp_path, capsys
+):
+    """pretrain's --max-train-samples takes the first examples of a folder; prepare accepts it
+    (one --config file for both) and stores every example: the same folder, nothing to do."""
+    folder = shutil.copytree(small_folder, tmp_path / "folder")
+    written = {path: path.stat().st_mtime_ns for path in folder.rglob("*")}
+    cli_main([*prepare_again_argv(folder, tiny_tokenizer_dir), "--max-train-samples", "5"])
+    assert "already holds these examples; nothing to do" in capsys.readouterr().out
+    assert {path: path.stat().st_mtime_ns for path in folder.rglob("*")} == written
 
 
 @proves("prepare", "--verify")

@@ -209,8 +209,8 @@ def test_config_file_sets_options_and_the_command_line_wins(tmp_path):
     )
     assert pretrain_args.model == "gpt" and pretrain_args.train_files == ["a.txt", "b.txt"]
     assert pretrain_args.seq_len == 32 and training_args.lr == 1e-3 and training_args.bf16
-    config.write_text("model: gpt\nlearning_rate: 0.1\n")
-    with pytest.raises(ConfigError, match="unknown option.*learning_rate"):
+    config.write_text("model: gpt\nlern_rate: 0.1\n")
+    with pytest.raises(ConfigError, match="unknown option.*lern_rate"):
         parse_args((PretrainArguments, TrainingArguments), ["--config", str(config)], "p", "")
 
 

@@ -550,8 +550,8 @@ def load_sources(
     # > 0: every source is read through once (MIX_STOPPING_STRATEGY), never if never drawn
     if weights is not None and not all(math.isfinite(weight) and weight > 0 for weight in weights):
         raise ConfigError(
-            f"--source-weights {' '.join(map(str, weights))}: give finite weights > 0 (leave "
-            "out a source not to read it)"
+            f"--source-weights {' '.join(f'{w:g}' for w in weights)}: give finite weights > 0 "
+            "(leave out a source not to read it)"
         )
     groups = [[path] for path in sources] if weights is not None else _same_kind_runs(sources)
     options = {"doc_boundary": doc_boundary, "encoding": encoding, "errors": errors}
