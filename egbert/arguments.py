@@ -35,6 +35,47 @@ import yaml
 from egbert.errors import ConfigError
 
 CONFIG_HELP = "YAML or JSON file of options (option or field names); the command line overrides it"
+# Options of transformers' example scripts (run_mlm.py, run_clm.py, run_glue.py) that egbert's
+# pretrain and finetune lack, with what to use instead (the ones they have are aliases of their
+# own options: `--learning-rate` of --lr, ...). docs/commands.md has the whole table.
+SCRIPT_HINTS = {
+    "--do-train": "egbert always trains; drop it",
+    "--do-eval": "the validation data given is evaluated; drop it",
+    "--do-predict": "finetune predicts the test files unless --no-predict",
+    "--fp16": "egbert's mixed precision is --bf16",
+    "--torch-dtype": "egbert's mixed precision is --bf16",
+    "--model-type": "pretrain: --model bert|gpt|elmo",
+    "--config-name": "pretrain: --preset (a name or a YAML file of config kwargs)",
+    "--tokenizer-name": "pretrain: --tokenizer; finetune reads the model folder's",
+    "--dataset-name": "pretrain: --dataset; finetune: --task or --train-file",
+    "--dataset-config-name": "pretrain: --dataset-config",
+    "--train-file": "pretrain: --train-files",
+    "--validation-file": "pretrain: --validation-files",
+    "--line-by-line": "pretrain: --doc-boundary line",
+    "--keep-linebreaks": "pretrain: --doc-boundary",
+    "--pad-to-max-length": "egbert pads each batch to its longest example; drop it",
+    "--overwrite-cache": "egbert's cache follows the files' sizes and dates; drop it",
+    "--cache-dir": "set HF_DATASETS_CACHE",
+    "--per-device-eval-batch-size": "evaluation batches are --batch-size",
+    "--eval-strategy": "--eval-every N (steps; 0: at the end)",
+    "--evaluation-strategy": "--eval-every N (steps; 0: at the end)",
+    "--save-strategy": "--save-every N (steps; 0: at the end)",
+    "--logging-strategy": "--log-every N (steps)",
+    "--logging-dir": "the trackers' logs go to OUTPUT_DIR/logs",
+    "--load-best-model-at-end": "--metric-for-best-model",
+    "--dataloader-num-workers": "--num-workers",
+    "--torch-compile": "--compile",
+    "--torch-compile-mode": "--compile-mode",
+    "--label-smoothing-factor": "--label-smoothing",
+    "--optim": "egbert trains with AdamW (--adam-beta1, --adam-beta2, --adam-epsilon)",
+    "--push-to-hub": "`egbert push` after the run",
+    "--hub-model-id": "`egbert push --repo-id`",
+    "--trust-remote-code": "egbert never runs a model folder's code; drop it",
+    "--use-fast-tokenizer": "egbert's tokenizers are fast ones; drop it",
+    "--no-cuda": "--use-cpu",
+    "--gradient-checkpointing": "egbert lacks it; a smaller --batch-size with --grad-accum",
+    "--low-cpu-mem-usage": "drop it",
+}
 PRINT_CONFIG_HELP = "print the resolved options as YAML (a file for --config) and exit"
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
@@ -83,22 +124,34 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         help_text = action.help or ""
+        note = getattr(action, "default_note", None)  # e.g. "depends on --model: ..."
         shown = action.default not in (None, argparse.SUPPRESS) and not action.required
         said = "%(default)" in help_text or "(default:" in help_text
-        if shown and not said and action.option_strings and action.nargs != 0:
+        if (shown or note) and not said and action.option_strings and action.nargs != 0:
             default = action.default
             if isinstance(default, list):
                 default = " ".join(map(str, default)) or "none"
-            help_text += f" (default: {str(default).replace('%', '%%')})"
+            help_text += f" (default: {str(note or default).replace('%', '%%')})"
         return help_text
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with egbert's conventions (see the module's docstring)."""
 
-    def __init__(self, prog: str, *, config: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        prog: str,
+        *,
+        config: bool = True,
+        hints: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(prog=prog, **kwargs)
+        # Options of other tools (run_mlm.py's) that this command lacks: what to use instead.
+        self.hints = hints or {}
+        # What --print-config still needs (the options the defaults depend on).
+        self.print_needs: tuple[str, ...] = ()
         if config:
             self.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
             self.add_argument(
@@ -129,15 +182,18 @@ class ArgumentParser(argparse.ArgumentParser):
         return namespace, extras
 
     def check_known(self, args: list[str]) -> None:
-        """An unknown option is the error to report first, before a missing required one."""
+        """An unknown option is the error to report first, before a missing required one; with
+        --print-config, only the options the defaults depend on stay required (the others
+        print as null)."""
         required = [action for action in self._actions if action.required]
         for action in required:
             action.required = False
         try:
             _, extras = super().parse_known_args(args, None)
         finally:
+            printing = "--print-config" in args and "--print-config" in self._option_string_actions
             for action in required:
-                action.required = True
+                action.required = not printing or action.dest in self.print_needs
         if extras:
             self.error(self.unrecognized(extras))
 
@@ -174,7 +230,12 @@ class ArgumentParser(argparse.ArgumentParser):
         actions = self.actions_by_name()
         unknown = sorted(set(values) - set(actions) - {"config", "print_config"})
         if unknown:
-            raise ConfigError(f"{source}: unknown option(s) {', '.join(unknown)}")
+            hints = {name: self._hint(name) for name in unknown}
+            hinted = "; ".join(f"{name}: {hint}" for name, hint in hints.items() if hint)
+            raise ConfigError(
+                f"{source}: unknown option(s) {', '.join(unknown)}"
+                + (f" ({hinted})" if hinted else "")
+            )
         return {
             actions[name].dest: _convert(actions[name], value, source)
             for name, value in values.items()
@@ -197,7 +258,7 @@ class ArgumentParser(argparse.ArgumentParser):
     def apply_defaults(self, values: dict[str, Any]) -> None:
         """Make `values` (by dest) the defaults; an option with a value is no longer required."""
         for action in self._actions:
-            if action.dest in values:
+            if values.get(action.dest) is not None:
                 action.required = False
         self.set_defaults(**values)
 
@@ -214,9 +275,18 @@ class ArgumentParser(argparse.ArgumentParser):
         if not options:
             return f"unexpected argument {extras[0]!r}"
         name = options[0].partition("=")[0]
-        meant = suggestion(name, self._visible_option_strings())
-        hint = f" (did you mean {meant}?)" if meant else ""
-        return f"unrecognized option {name}{hint}"
+        hint = self._hint(name)
+        if hint:
+            return f"unrecognized option {name} ({hint})"
+        # egbert's own names first: an alias (`--learning-rate`) only where none is close
+        meant = suggestion(name, self._visible_option_strings(canonical=True)) or suggestion(
+            name, self._visible_option_strings()
+        )
+        return f"unrecognized option {name}" + (f" (did you mean {meant}?)" if meant else "")
+
+    def _hint(self, name: str) -> str | None:
+        """What to use instead of another tool's option `name` (any spelling), if known."""
+        return self.hints.get("--" + name.lstrip("-").replace("_", "-"))
 
     def format_usage(self) -> str:
         self.usage = self._short_usage()
@@ -251,13 +321,21 @@ class ArgumentParser(argparse.ArgumentParser):
                     actions.setdefault(option[2:].replace("-", "_"), action)
         return actions
 
-    def _visible_option_strings(self) -> list[str]:
-        names = [name for name in self._option_string_actions if name.startswith("--")]
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for parser in action.choices.values():
-                    names += [name for name in parser._option_string_actions if name[:2] == "--"]
-        return names
+    def _visible_option_strings(self, canonical: bool = False) -> list[str]:
+        """Every long option (`canonical`: each action's first), subcommands' included."""
+        parsers = [self] + [
+            parser
+            for action in self._actions
+            if isinstance(action, argparse._SubParsersAction)
+            for parser in action.choices.values()
+        ]
+        return [
+            name
+            for parser in parsers
+            for action in parser._actions
+            for name in action.option_strings[: 1 if canonical else None]
+            if name.startswith("--")
+        ]
 
     def _order(self, dest: str) -> int:
         return [action.dest for action in self._actions].index(dest)
@@ -306,7 +384,9 @@ Recipe = Callable[[dict[str, Any]], dict[str, Any]]
 
 class DataclassArgumentParser(ArgumentParser):
     """A parser whose options are the fields of `dataclass_types`, one option per field; a
-    `recipe` maps the early options it names (e.g. the model family) to the job's defaults."""
+    `recipe` maps the early options it names (e.g. the model family) to the job's defaults.
+    `recipe_choices` ({"model": families}): without one of them, --help says which defaults
+    depend on it. `notes` ({field: text}) add to the options' help."""
 
     def __init__(
         self,
@@ -314,18 +394,24 @@ class DataclassArgumentParser(ArgumentParser):
         prog: str,
         recipe: Recipe | None = None,
         recipe_keys: Sequence[str] = ("model", "init_from"),
+        recipe_choices: dict[str, Sequence[str]] | None = None,
+        notes: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(prog, **kwargs)
         self.dataclass_types = tuple(dataclass_types)
         self.recipe = recipe
         self.recipe_keys = tuple(recipe_keys)
+        self.recipe_choices = recipe_choices or {}
+        self.print_needs = tuple(self.recipe_choices)
         for cls in self.dataclass_types:
             group = self.add_argument_group(getattr(cls, "_argument_group_name", cls.__name__))
             hints = typing.get_type_hints(cls)
             for spec in dataclasses.fields(cls):
                 if spec.init and not spec.name.startswith("_"):
-                    names, options = field_argument(spec, hints[spec.name])
+                    names, options = field_argument(spec, hints[spec.name], field_aliases(cls))
+                    if notes and spec.name in notes:
+                        options["help"] = f"{options['help']} ({notes[spec.name]})"
                     group.add_argument(*names, **options)
 
     def early_defaults(self, args: list[str]) -> dict[str, Any]:
@@ -341,7 +427,23 @@ class DataclassArgumentParser(ArgumentParser):
         typed, _ = pre.parse_known_args(args)
         early = {**from_file, **{k: v for k, v in vars(typed).items() if v is not None}}
         recipe = self.converted(self.recipe(early), f"the {self.prog} recipe")
+        for key in set(self.recipe_choices) - set(early) - set(recipe):
+            self._note_defaults_of(key)
         return {**recipe, **from_file}
+
+    def _note_defaults_of(self, key: str) -> None:
+        """For --help without option `key`: the options whose default depends on it say so,
+        with each choice's value (e.g. "depends on --model: bert 0.001, gpt 0.001, elmo 0.005")."""
+        choices = self.recipe_choices[key]
+        recipes = {
+            choice: self.converted(self.recipe({key: choice}), f"the {self.prog} recipe")
+            for choice in choices
+        }
+        for action in self._actions:
+            values = [recipes[choice].get(action.dest, action.default) for choice in choices]
+            if any(value != action.default for value in values):
+                each = ", ".join(f"{c} {v}" for c, v in zip(choices, values, strict=True))
+                action.default_note = f"depends on --{key.replace('_', '-')}: {each}"
 
     def into_dataclasses(self, namespace: argparse.Namespace) -> tuple[Any, ...]:
         values = vars(namespace)
@@ -358,10 +460,29 @@ class DataclassArgumentParser(ArgumentParser):
         return options
 
 
-def field_argument(spec: dataclasses.Field, hint: Any) -> tuple[list[str], dict[str, Any]]:
+def field_aliases(cls: type) -> dict[str, list[str]]:
+    """{field: its other option names}: a field's metadata `aliases`, and the class's `_aliases`
+    (e.g. transformers' names of the trainer's options, kept together)."""
+    return {
+        spec.name: [
+            *spec.metadata.get("aliases", []),
+            *getattr(cls, "_aliases", {}).get(spec.name, []),
+        ]
+        for spec in dataclasses.fields(cls)
+    }
+
+
+def field_argument(
+    spec: dataclasses.Field, hint: Any, aliases: dict[str, list[str]] | None = None
+) -> tuple[list[str], dict[str, Any]]:
     """The option strings and add_argument keywords of one dataclass field."""
-    names = [f"--{spec.name.replace('_', '-')}", *spec.metadata.get("aliases", [])]
-    options: dict[str, Any] = {"dest": spec.name, "help": spec.metadata.get("help")}
+    names = [f"--{spec.name.replace('_', '-')}", *(aliases or {}).get(spec.name, [])]
+    # argparse formats help with %: a literal one ("23% slower") is written %%
+    help_text = spec.metadata.get("help")
+    options: dict[str, Any] = {
+        "dest": spec.name,
+        "help": help_text and help_text.replace("%", "%%"),
+    }
     if spec.default is not dataclasses.MISSING:
         options["default"] = spec.default
     elif spec.default_factory is not dataclasses.MISSING:
@@ -376,7 +497,7 @@ def field_argument(spec: dataclasses.Field, hint: Any) -> tuple[list[str], dict[
     if typing.get_origin(base) is list:
         options["nargs"] = "+"
         base = typing.get_args(base)[0]
-    options["type"] = base
+    options["type"] = spec.metadata.get("parse", base)  # e.g. float, where a field refuses it
     if "choices" in spec.metadata:
         options["choices"] = spec.metadata["choices"]
     return names, options
@@ -397,12 +518,19 @@ def parse_args(
     defaults: dict[str, Any] | None = None,
     epilog: str | None = None,
     recipe: Recipe | None = None,
+    **parser_options: Any,
 ) -> tuple[Any, ...]:
     """Parse `argv` once into instances of `dataclass_types`. Each option's value comes from the
     command line, else from `--config FILE`, else from `recipe` (the job's defaults for the
-    options it reads, e.g. the family's), else from `defaults`, else from its dataclass."""
+    options it reads, e.g. the family's), else from `defaults`, else from its dataclass.
+    `parser_options`: DataclassArgumentParser's (recipe_keys, recipe_choices, notes, hints)."""
     parser = DataclassArgumentParser(
-        dataclass_types, prog, recipe=recipe, description=description, epilog=epilog
+        dataclass_types,
+        prog,
+        recipe=recipe,
+        description=description,
+        epilog=epilog,
+        **parser_options,
     )
     if defaults:
         parser.apply_defaults(parser.converted(defaults, f"the {prog} defaults"))
@@ -410,12 +538,12 @@ def parse_args(
 
 
 def option_aliases(dataclass_types: Sequence[type]) -> dict[str, str]:
-    """Other names of fields (`warmup_ratio` for `warmup_steps`), from their `aliases`."""
+    """Other names of fields (`warmup_ratio` for `warmup_steps`), from `field_aliases`."""
     return {
-        alias.lstrip("-").replace("-", "_"): spec.name
+        alias.lstrip("-").replace("-", "_"): name
         for cls in dataclass_types
-        for spec in dataclasses.fields(cls)
-        for alias in spec.metadata.get("aliases", [])
+        for name, aliases in field_aliases(cls).items()
+        for alias in aliases
     }
 
 
@@ -443,6 +571,8 @@ def arguments_from_options(
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """A flat mapping of option names to values from a .yaml/.yml/.json file."""
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; pass a YAML or JSON file")
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
     try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -153,12 +154,34 @@ def _only_pickle(path: Path) -> Path:
     return found[0]
 
 
+@contextmanager
+def quiet_warnings(*loggers: str) -> Iterator[None]:
+    """The warnings of these loggers left unsaid, unless their verbosity was raised to info or
+    more: transformers' load report (at every load: egbert's loads, of a backbone under a new
+    head or a base model out of a pretraining one, expect its missing and unexpected weights)
+    and accelerate's "Removed shared tensor" (gpt's tied output weights, at every save)."""
+    saved = {name: logging.getLogger(name).level for name in loggers}
+    for name in loggers:
+        if logging.getLogger(name).getEffectiveLevel() >= logging.WARNING:
+            logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+LOAD_REPORT = "transformers.modeling_utils"
+SHARED_TENSORS_NOTE = "accelerate.utils.other"
+
+
 def _from_pretrained(
     model_class: Any, directory: Path, named: Path, **kwargs: Any
 ) -> PreTrainedModel:
     """`from_pretrained(directory)`; a failure is a CheckpointError naming the user's `named`."""
     try:
-        return model_class.from_pretrained(directory, **kwargs)
+        with quiet_warnings(LOAD_REPORT):
+            return model_class.from_pretrained(directory, **kwargs)
     except LOAD_ERRORS as error:
         raise CheckpointError(f"cannot load the model in {named}: {first_line(error)}") from None
 
@@ -350,6 +373,36 @@ class Checkpointer:
         found = checkpoints_in(self.folder)
         return found[-1][1] if found else None
 
+    def start_point(self, args: Any) -> tuple[Path | None, str | None]:
+        """Where a run with TrainingArguments `args` starts: the checkpoint to resume from
+        (None: anew) and what to say of it. Checkpoints there from an earlier run are refused,
+        unless the run resumes or `overwrite_output_dir` (then they are removed)."""
+        output_dir = self.folder.parent
+        earlier = self.remove_after(-1) if args.overwrite_output_dir else []
+        latest = checkpoint_to_resume(output_dir, args.resume, args.resume_from_checkpoint)
+        if self.latest() is not None and latest is None:
+            raise ConfigError(
+                f"{output_dir} already holds checkpoints; pass --resume to continue that run, "
+                "--overwrite-output-dir to start over, or choose a new --output-dir"
+            )
+        if earlier:
+            return None, (
+                f"egbert: --overwrite-output-dir: removed the earlier run's checkpoints "
+                f"{', '.join(earlier)} from {self.folder}"
+            )
+        if latest is None and args.resume:
+            return None, f"egbert: no checkpoint in {self.folder}; starting"
+        return latest, None
+
+    def remove_after(self, step: int) -> list[str]:
+        """Remove the checkpoints of steps after `step` (all: -1); returns their names."""
+        removed = [path for number, path in checkpoints_in(self.folder) if number > step]
+        if self.accelerator.is_main_process:
+            for path in removed:
+                remove_dir(path)
+        self.accelerator.wait_for_everyone()
+        return [path.name for path in removed]
+
     def save(
         self,
         step: int,
@@ -372,7 +425,8 @@ class Checkpointer:
         accelerator.wait_for_everyone()
 
         def write() -> None:
-            accelerator.save_state(str(temp))
+            with quiet_warnings(SHARED_TENSORS_NOTE):
+                accelerator.save_state(str(temp))
             if write_own_files is not None:
                 write_own_files(temp)
 
@@ -434,16 +488,7 @@ class Checkpointer:
         state saved with it, if the run config it was saved with is `run_config` (or `anyway`).
         The optimizer, scheduler and RNG files are unpickled with weights_only, so no code a
         stranger put in them runs."""
-        state = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
-        differences = config_differences(state.get("run_config", {}), run_config)
-        if differences and not anyway:
-            raise ConfigError(
-                f"cannot resume from {checkpoint}: the run changed ("
-                + "; ".join(differences)
-                + "); use the original options (a resume may change only the logging, "
-                "evaluation and saving intervals, --report-to and the like, or run longer) or "
-                "pass --resume-anyway"
-            )
+        state = refuse_changed_run(checkpoint, run_config, anyway)
         try:
             with own_storage(model):
                 self.accelerator.load_state(str(checkpoint), load_kwargs={"weights_only": True})
@@ -451,6 +496,42 @@ class Checkpointer:
             message = first_line(error)
             raise CheckpointError(f"cannot load checkpoint {checkpoint}: {message}") from None
         return state
+
+
+def checkpoint_to_resume(output_dir: Path, resume: bool, named: str | None = None) -> Path | None:
+    """The checkpoint a run goes on from: `named` (--resume-from-checkpoint), else with `resume`
+    the newest in OUTPUT_DIR/checkpoints; None to start anew."""
+    if named is None:
+        found = checkpoints_in(output_dir / "checkpoints")
+        return found[-1][1] if resume and found else None
+    if not (Path(named) / STATE_FILE).is_file():
+        raise ConfigError(
+            f"--resume-from-checkpoint {named}: not a checkpoint (no {STATE_FILE}); pass a "
+            "run's checkpoints/step-N folder"
+        )
+    return Path(named)
+
+
+def refuse_changed_run(
+    checkpoint: Path, run_config: dict[str, Any], anyway: bool, parts: bool = False
+) -> dict[str, Any]:
+    """The trainer state saved in `checkpoint`, if the run config it was saved with is
+    `run_config` (or `anyway`); with `parts`, only the sections `run_config` has are compared (a
+    job's check before it builds its data; the trainer checks the whole again)."""
+    state = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    saved = state.get("run_config", {})
+    if parts:
+        saved = {key: value for key, value in saved.items() if key in run_config}
+    differences = config_differences(saved, run_config)
+    if differences and not anyway:
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: the run changed ("
+            + "; ".join(differences)
+            + "); use the original options (a resume may change only the logging, "
+            "evaluation and saving intervals, --report-to and the like, or run longer) or "
+            "pass --resume-anyway"
+        )
+    return state
 
 
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -484,6 +565,8 @@ MAY_CHANGE_ON_RESUME = frozenset(
         "base_model_id",
         "predict",
         "test_file",
+        "resume_from_checkpoint",
+        "overwrite_output_dir",
     }
 )
 # A run may go on longer than the checkpoint's run was to (not shorter: it may be past that
@@ -538,12 +621,16 @@ def save_model_folder(
     state_dict = untangled_state_dict(accelerator.get_state_dict(model))
     unwrapped = accelerator.unwrap_model(model)
     try:
-        if hasattr(unwrapped, "save_pretrained"):
-            unwrapped.save_pretrained(
-                temp, is_main_process=main, save_function=accelerator.save, state_dict=state_dict
-            )
-        else:  # a plain nn.Module: its weights alone
-            accelerator.save_model(model, temp)
+        with quiet_warnings(SHARED_TENSORS_NOTE):
+            if hasattr(unwrapped, "save_pretrained"):
+                unwrapped.save_pretrained(
+                    temp,
+                    is_main_process=main,
+                    save_function=accelerator.save,
+                    state_dict=state_dict,
+                )
+            else:  # a plain nn.Module: its weights alone
+                accelerator.save_model(model, temp)
         if main:
             if write_extras is not None:
                 write_extras(temp)

@@ -38,6 +38,18 @@ class TrainingArguments:
     """Options of a training run; every field is also a command-line option (see egbert.config)."""
 
     _argument_group_name = "training"
+    # transformers' names of these options (as run_mlm.py and run_clm.py take them): aliases
+    _aliases = {
+        "lr": ["--learning-rate"],
+        "batch_size": ["--per-device-train-batch-size"],
+        "grad_accum": ["--gradient-accumulation-steps"],
+        "epochs": ["--num-train-epochs"],
+        "schedule": ["--lr-scheduler-type"],
+        "eval_every": ["--eval-steps"],
+        "save_every": ["--save-steps"],
+        "keep_checkpoints": ["--save-total-limit"],
+        "log_every": ["--logging-steps"],
+    }
 
     output_dir: str = field(metadata={"help": "run directory: checkpoints, logs, final model"})
     lr: float = field(default=5e-4, metadata={"help": "peak learning rate (a scale for Noam)"})
@@ -63,8 +75,9 @@ class TrainingArguments:
     epochs: int | None = field(
         default=None,
         metadata={
-            "help": "passes over the data (default 1; with --budget-minutes unlimited unless "
-            "given, else the run ends at whichever end comes first)"
+            "help": "passes over the data, whole ones (unset: one, or with --budget-minutes as "
+            "many as the budget allows; with both, the run ends at whichever end comes first)",
+            "parse": float,  # so that a fraction gets the field's own refusal
         },
     )
     schedule: str = field(
@@ -122,13 +135,27 @@ class TrainingArguments:
     resume_anyway: bool = field(
         default=False, metadata={"help": "resume even if the run config changed"}
     )
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={
+            "help": "continue from this checkpoint (a checkpoints/step-N folder) instead of the "
+            "newest; the checkpoints after it are removed"
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "start over in an --output-dir that holds checkpoints: they are removed "
+            "(without it such a directory is refused unless --resume)"
+        },
+    )
     metric_for_best_model: str | None = field(
         default=None,
         metadata={"help": "keep the best model by this eval metric and save it at the end"},
     )
     greater_is_better: bool | None = field(
         default=None,
-        metadata={"help": "direction of --metric-for-best-model (default: loss-like lower)"},
+        metadata={"help": "direction of --metric-for-best-model (unset: lower for loss-like ones)"},
     )
     num_workers: int | None = field(
         default=None,
@@ -163,6 +190,11 @@ class TrainingArguments:
         for name, optional in (("max_steps", self.max_steps), ("epochs", self.epochs)):
             if optional is not None:
                 positive[name] = optional
+        if self.epochs is not None and self.epochs != int(self.epochs):
+            raise ConfigError(f"--epochs {self.epochs}: give whole epochs, or --max-steps")
+        self.epochs = None if self.epochs is None else int(self.epochs)
+        if self.overwrite_output_dir and (self.resume or self.resume_from_checkpoint):
+            raise ConfigError("--overwrite-output-dir starts over, --resume goes on: choose one")
         if self.budget_minutes is not None:
             positive["budget_minutes"] = self.budget_minutes
         for name, value in positive.items():
@@ -222,6 +254,11 @@ class PretrainArguments:
     """What to pretrain and on which data (the trainer's options are `TrainingArguments`)."""
 
     _argument_group_name = "model and data"
+    _aliases = {  # run_mlm.py's and run_clm.py's names
+        "seq_len": ["--block-size", "--max-seq-length"],
+        "num_proc": ["--preprocessing-num-workers"],
+        "init_from": ["--model-name-or-path"],
+    }
 
     model: str = field(
         metadata={"help": "model family to pretrain", "choices": list(MODEL_FAMILIES)}
@@ -309,6 +346,9 @@ class PretrainArguments:
             "chosen by a hash of each document's text (run_mlm.py's name for it)"
         },
     )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "train on the first N training examples only"}
+    )
     max_eval_samples: int | None = field(
         default=None,
         metadata={"help": "evaluate on the first N examples of the validation files only"},
@@ -391,8 +431,11 @@ class PretrainArguments:
             raise ConfigError(f"--seq-len must be at least 8, got {self.seq_len}")
         if not 0 < self.mlm_probability < 1:
             raise ConfigError(f"--mlm-probability must be in (0, 1), got {self.mlm_probability}")
-        if self.max_eval_samples is not None and self.max_eval_samples < 1:
-            raise ConfigError(f"--max-eval-samples must be >= 1, got {self.max_eval_samples}")
+        for name in ("max_train_samples", "max_eval_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
+                )
         if self.dupe_factor < 1:
             raise ConfigError(f"--dupe-factor must be >= 1, got {self.dupe_factor}")
         if self.dupe_factor > 1 and self.model != "bert":
@@ -453,6 +496,10 @@ class PrepareArguments:
         default=TrainingArguments.seed,
         metadata={"help": "bert: the seed of the sentence pairs and static masks"},
     )
+    verify: bool = field(
+        default=False,
+        metadata={"help": "check the folder in --output-dir (every file's sha256) and exit"},
+    )
 
 
 @dataclass
@@ -460,6 +507,7 @@ class FinetuneArguments:
     """What to fine-tune and on which task (the trainer's options are `TrainingArguments`)."""
 
     _argument_group_name = "task, data and model"
+    _aliases = {"model": ["--model-name-or-path"]}  # run_glue.py's name
 
     model: str = field(
         metadata={

@@ -35,6 +35,7 @@ from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFas
 from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.checkpoints import resolve_model_dir
 from egbert.errors import CheckpointError, ConfigError, DataError
+from egbert.pretrain.sources import check_encoding, load_sources, mix_sources, text_batches
 
 PAD, UNK, CLS, SEP, MASK, EOT = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<|endoftext|>"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK, EOT]
@@ -63,23 +64,6 @@ FAMILIES = ("bert", "gpt", "elmo")
 # default 128; `egbert embed`, which holds inputs to the tokenizer's limit, rarely meets it.
 RECURRENT_MAX_LENGTH = 512
 KINDS = ("wordpiece", "bpe")
-DECODE_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
-
-
-def check_encoding(encoding: str, errors: str = "strict") -> None:
-    """ConfigError unless `encoding` is a text encoding Python knows and `errors` one of
-    DECODE_ERRORS."""
-    try:
-        b"a".decode(encoding, "ignore")  # also refuses codecs of no text (base64, rot13)
-    except LookupError:
-        raise ConfigError(
-            f"unknown --encoding {encoding!r}; use a text encoding such as utf-8 or latin-1"
-        ) from None
-    # Not surrogateescape & co: their lone surrogates are no valid text to store or tokenize.
-    if errors not in DECODE_ERRORS:
-        raise ConfigError(
-            f"unknown --encoding-errors {errors!r}; use one of {', '.join(DECODE_ERRORS)}"
-        )
 
 
 def iter_lines(
@@ -180,7 +164,7 @@ def _wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
 
 
 def train_tokenizer(
-    files: Sequence[str | os.PathLike],
+    files: Sequence[str | os.PathLike] = (),
     kind: str = "wordpiece",
     vocab_size: int = 30522,
     lowercase: bool = False,
@@ -189,9 +173,18 @@ def train_tokenizer(
     encoding: str = "utf-8",
     show_progress: bool = True,
     encoding_errors: str = "strict",
+    dataset: str | None = None,
+    dataset_config: str | None = None,
+    split: str = "train",
+    text_column: str | None = None,
+    source_weights: Sequence[float] | None = None,
 ) -> PreTrainedTokenizerFast:
-    """Train the shared tokenizer on text files (streamed line by line) and optionally save it.
+    """Train the shared tokenizer on a corpus and optionally save it.
 
+    The corpus is read as pretraining reads it (egbert.pretrain.sources): `files` of every kind
+    --train-files takes (text, also compressed; .jsonl .json .csv .parquet: `text_column`; data
+    set folders) and a Hub `dataset` (or its local copy), mixed by `source_weights`, streamed
+    (nothing is cached); each non-blank line of a text file, each row of a table, is one text.
     WordPiece uses BERT's normalization and pre-tokenization; "bpe" is GPT-2-style byte-level BPE.
     Every tokenizer has `[PAD] [UNK] [CLS] [SEP] [MASK]` and `<|endoftext|>` (the document
     separator for causal LM packing), and encodes pairs as `[CLS] A [SEP] B [SEP]`.
@@ -206,36 +199,55 @@ def train_tokenizer(
             f"--vocab-size {vocab_size} is too small for a {kind} tokenizer: it needs at least "
             f"{minimum} entries (the special tokens{', plus 256 bytes' if kind == 'bpe' else ''})"
         )
-    paths = check_text_files(files)
-    if kind == "wordpiece":
-        tokenizer = _wordpiece_pipeline(models.WordPiece(unk_token=UNK), lowercase)
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            special_tokens=SPECIAL_TOKENS,
-            show_progress=show_progress,
-        )
-    else:
-        tokenizer = _byte_level_pipeline(models.BPE(), lowercase)
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            special_tokens=SPECIAL_TOKENS,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=show_progress,
-        )
-    # A first pass decodes everything, so a bad byte fails before minutes of training, and
-    # gives the trainer's progress bar its length.
-    n_lines = sum(1 for _ in iter_lines(paths, encoding, encoding_errors))
-    if n_lines == 0:
-        raise DataError(f"{', '.join(map(str, paths))}: no text (only blank lines)")
-    lines = iter_lines(paths, encoding, encoding_errors)
-    tokenizer.train_from_iterator(lines, trainer=trainer, length=n_lines)
+    if not files and dataset is None:
+        raise DataError("no corpus given; pass files with --files, a data set with --dataset")
+    sources = load_sources(
+        files,
+        dataset=dataset,
+        dataset_config=dataset_config,
+        split=split,
+        text_column=text_column,
+        weights=source_weights or None,
+        doc_boundary="line",
+        encoding=encoding,
+        errors=encoding_errors,
+        streaming=True,
+    )
+    # A first pass reads every source through, so a bad byte or row fails (naming its file)
+    # before minutes of training, and gives the trainer's progress bar its length.
+    texts = sum(_count_texts(documents, source) for documents, source in sources)
+    corpus = mix_sources([documents for documents, _ in sources], source_weights or None)
+    tokenizer, trainer = _untrained(kind, vocab_size, lowercase, min_frequency, show_progress)
+    batches = text_batches(corpus, [source for _, source in sources])
+    tokenizer.train_from_iterator(
+        batches, trainer=trainer, length=None if source_weights else texts
+    )
     _add_bert_template(tokenizer)
     wrapped = _wrap(tokenizer)
     if out_dir is not None:
         save_tokenizer(wrapped, out_dir)
     return wrapped
+
+
+def _count_texts(documents, source: object) -> int:
+    count = sum(len(batch) for batch in text_batches(documents, source))
+    if count == 0:
+        raise DataError(f"{source}: no text (only blank lines or empty rows)")
+    return count
+
+
+def _untrained(
+    kind: str, vocab_size: int, lowercase: bool, min_frequency: int, show_progress: bool
+) -> tuple[Tokenizer, trainers.Trainer]:
+    """The tokenizer pipeline of `kind` and its trainer."""
+    options = {"vocab_size": vocab_size, "min_frequency": min_frequency}
+    options |= {"special_tokens": SPECIAL_TOKENS, "show_progress": show_progress}
+    if kind == "wordpiece":
+        tokenizer = _wordpiece_pipeline(models.WordPiece(unk_token=UNK), lowercase)
+        return tokenizer, trainers.WordPieceTrainer(**options)
+    tokenizer = _byte_level_pipeline(models.BPE(), lowercase)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    return tokenizer, trainers.BpeTrainer(initial_alphabet=alphabet, **options)
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | os.PathLike) -> None:
@@ -458,11 +470,33 @@ def build_parser() -> ArgumentParser:
     commands = parser.add_subparsers(dest="action", required=True, metavar="{train,stats}")
     train = commands.add_parser(
         "train",
-        help="train a WordPiece or byte-level BPE tokenizer on text files",
-        description="Train a tokenizer (streaming the files) and save it as a "
-        "PreTrainedTokenizerFast that AutoTokenizer.from_pretrained(OUT) loads offline.",
+        help="train a WordPiece or byte-level BPE tokenizer on a corpus",
+        description="Train a tokenizer on the corpora pretraining reads (streamed: nothing is "
+        "cached) and save it as a PreTrainedTokenizerFast that AutoTokenizer.from_pretrained(OUT) "
+        "loads offline.",
     )
-    train.add_argument("--files", nargs="+", required=True, help="text files, one text per line")
+    train.add_argument(
+        "--files",
+        nargs="+",
+        default=[],
+        help="corpus files, read as pretrain's --train-files: text (.txt, .tokens, ...; also .gz "
+        ".bz2 .xz .zst; each non-blank line a text), .jsonl/.json/.csv/.parquet (each row a "
+        "text), or a data set folder (save_to_disk, or files load_dataset reads)",
+    )
+    train.add_argument("--dataset", help="a Hub data set (or its local copy), as pretrain's")
+    train.add_argument("--dataset-config", help="--dataset's configuration")
+    train.add_argument("--split", help="--dataset's split")
+    train.add_argument(
+        "--text-column",
+        help="the column of the text in tables and data sets (default: the only string column, "
+        "else one named text, content or document)",
+    )
+    train.add_argument(
+        "--source-weights",
+        nargs="+",
+        type=float,
+        help="mix the sources (each of --files, then --dataset) with these weights, as pretrain",
+    )
     train.add_argument("--kind", choices=KINDS, help="the tokenizer's model")
     train.add_argument("--vocab-size", type=int, help="tokens in the vocabulary")
     train.add_argument("--lowercase", action=BooleanFlag, help="lowercase (and strip accents)")
@@ -495,6 +529,11 @@ def main(argv: list[str] | None = None) -> None:
             out_dir=args.out,
             min_frequency=args.min_frequency,
             encoding=args.encoding,
+            dataset=args.dataset,
+            dataset_config=args.dataset_config,
+            split=args.split,
+            text_column=args.text_column,
+            source_weights=args.source_weights,
         )
         seconds = time.perf_counter() - start
         print(f"trained a {args.kind} tokenizer of {len(tokenizer):,} tokens in {seconds:.1f} s")

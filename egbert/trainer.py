@@ -633,18 +633,14 @@ class Trainer:
             )
 
     def _start_or_resume(self) -> None:
+        args = self.args
         self.checkpoints.clean_leftovers(self.output_dir)
-        latest = self.checkpoints.latest()
-        if latest is not None and not self.args.resume:
-            raise ConfigError(
-                f"{self.output_dir} already holds checkpoints; pass --resume to continue that "
-                "run or choose a new --output-dir"
-            )
+        latest, note = self.checkpoints.start_point(args)  # refuses to start over checkpoints
         self.accelerator.init_trackers("egbert", config=report.tracker_config(self.run_config))
         if latest is None:
-            if self.args.resume:
-                self.log.message(f"egbert: no checkpoint in {self.checkpoints.folder}; starting")
-            set_seed(self.args.seed)
+            if note:
+                self.log.message(note)
+            set_seed(args.seed)
             self.log.truncate(after_step=0)
             return
         model = self.accelerator.unwrap_model(self.model)
@@ -655,9 +651,11 @@ class Trainer:
         restored.run_config, restored.config_hash = self.run_config, self.state.config_hash
         self.state = restored
         self.log.truncate(after_step=restored.step)
+        later = self.checkpoints.remove_after(restored.step)  # a branch this run trains again
         self.log.message(
             f"egbert: resumed from {latest} (step {restored.step}, epoch {restored.epoch}, "
             f"batch {restored.batches_in_epoch} of the epoch)"
+            + (f"; removed the later {', '.join(later)}" if later else "")
         )
 
     # ------------------------------------------------------------ the saved model

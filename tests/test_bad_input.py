@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, BertModel
 
@@ -50,7 +51,16 @@ CASES = [
     # ---------------------------------------------------------------- tokenizer
     ("tokenizer", "missing file", "train --files {missing} --out {out}", "no such file"),
     ("tokenizer", "empty file", "train --files {empty} --out {out}", "the file is empty"),
-    ("tokenizer", "binary junk", "train --files {junk} --out {out}", "is not valid utf-8"),
+    ("tokenizer", "binary junk", "train --files {junk_text} --out {out}", "is not valid utf-8"),
+    ("tokenizer", "binary junk, no known extension", "train --files {junk} --out {out}",
+     "unknown extension '.bin'"),
+    ("tokenizer", "a folder with no corpus in it", "train --files {empty_dir} --out {out}",
+     "a folder with no data files"),
+    ("tokenizer", "an integer --text-column",
+     "train --files {docs_id} --text-column id --out {out}",
+     "docs_id.parquet: column 'id' holds int64, not text"),
+    ("tokenizer", "a .jsonl cut off at line 900", "train --files {cut} --out {out}",
+     "cut.jsonl:900: not a JSON object"),
     ("tokenizer", "Latin-1 text", "train --files {latin1} --out {out}", "--encoding latin-1"),
     ("tokenizer", "unknown encoding", "train --files {text} --out {out} --encoding nope",
      "unknown --encoding 'nope'"),
@@ -78,6 +88,26 @@ CASES = [
      f"{PRETRAIN} --train-files {{late_bad}} --text-column title",
      "no column 'title'"),
     ("pretrain", "Latin-1 text", f"{PRETRAIN} --train-files {{latin1}}", "--encoding latin-1"),
+    ("pretrain", "an integer --text-column",
+     f"{PRETRAIN} --train-files {{docs_id}} --text-column id",
+     "docs_id.parquet: column 'id' holds int64, not text; pass a text column with --text-column"),
+    ("pretrain", "a nan source weight",
+     f"{PRETRAIN} --train-files {{text}} {{docs_id}} --source-weights nan 1",
+     "--source-weights nan 1: give finite weights > 0"),
+    ("pretrain", "a folder of JSON that is no corpus", f"{PRETRAIN} --train-files {{tokenizer}}",
+     "not readable as a data set (its files or rows do not share one table's columns)"),
+    ("pretrain", "a corrupt parquet", f"{PRETRAIN} --train-files {{corrupt}}",
+     "corrupt.parquet: not a readable parquet file"),
+    ("pretrain", "a .jsonl cut off at line 900", f"{PRETRAIN} --train-files {{cut}}",
+     "cut.jsonl:900: not a JSON object"),
+    ("pretrain", "a .jsonl of blank lines", f"{PRETRAIN} --train-files {{blank}}",
+     "blank.jsonl: only blank lines, no rows"),
+    ("pretrain", "a folder as --config",
+     f"{PRETRAIN} --train-files {{text}} --config {{empty_dir}}",
+     "is a folder; pass a YAML or JSON file"),
+    ("pretrain", "a folder of .tokens files as --validation-files",
+     f"{PRETRAIN} --train-files {{text}} --validation-files {{tokens_dir}}",
+     "tokens_dir: a folder with no data files `datasets` reads"),
     ("pretrain", "unknown encoding", f"{PRETRAIN} --train-files {{text}} --encoding nope",
      "unknown --encoding 'nope'"),
     ("pretrain", "missing validation file",
@@ -122,6 +152,8 @@ CASES = [
      "{custom_dev}", "file not found"),
     ("finetune", "custom: empty train file", f"{CUSTOM} {{empty_csv}} --validation-file "
      "{custom_dev}", "is empty (no data rows)"),
+    ("finetune", "custom: a folder as --train-file", f"{CUSTOM} {{empty_dir}} --validation-file "
+     "{custom_dev}", "empty_dir is a folder; pass a CSV, TSV or JSONL file"),
     ("finetune", "custom: binary junk", f"{CUSTOM} {{junk_csv}} --validation-file {{custom_dev}}",
      "is not valid UTF-8"),
     ("finetune", "custom: wrong column count", f"{CUSTOM} {{custom_columns}} --validation-file "
@@ -162,6 +194,8 @@ CASES = [
      "--max-seq-length 4096 is above the model's max_position_embeddings (64)"),
     # ---------------------------------------------------------------- embed
     ("embed", "missing file", f"--model {{bert}} --input {{missing}} {EMBED_TO}", "not found"),
+    ("embed", "a folder as --input", f"--model {{bert}} --input {{empty_dir}} {EMBED_TO}",
+     "is a folder; pass a file"),
     ("embed", "empty file", f"--model {{bert}} --input {{empty}} {EMBED_TO}", "is empty"),
     ("embed", "binary junk", f"--model {{bert}} --input {{junk}} {EMBED_TO}", "is not utf-8"),
     ("embed", "Latin-1 text", f"--model {{bert}} --input {{latin1}} {EMBED_TO}", "--encoding"),
@@ -292,6 +326,18 @@ def inputs(
     file("junk_csv.csv", junk)
     paths["empty_dir"] = root / "empty_dir"
     paths["empty_dir"].mkdir()
+    Dataset.from_dict({"id": list(range(len(lines))), "content": lines}).to_parquet(
+        root / "docs_id.parquet"
+    )
+    paths["docs_id"] = root / "docs_id.parquet"
+    file("corrupt.parquet", junk)
+    # 900 rows of 400 bytes, the last cut off: past the first block `datasets` parses at once
+    rows = [json.dumps({"text": f"{index} " + "word " * 76}) + "\n" for index in range(900)]
+    file("cut.jsonl", "".join(rows)[:-40])
+    file("blank.jsonl", "\n \n\n")
+    paths["tokens_dir"] = root / "tokens_dir"
+    paths["tokens_dir"].mkdir()
+    (paths["tokens_dir"] / "wiki.valid.tokens").write_text("".join(lines), encoding="utf-8")
     paths["junk_tokenizer"] = root / "junk_tokenizer"
     paths["junk_tokenizer"].mkdir()
     (paths["junk_tokenizer"] / "tokenizer.json").write_bytes(junk)
@@ -387,6 +433,7 @@ def test_bad_input_ends_in_one_clear_line(command, argv, expected, inputs, tmp_p
     assert re.match(rf"egbert {command}( \w+)?: error: ", message), message
     assert "\n" not in message and expected in message, message
     assert "Traceback" not in stderr
+    assert not re.search(r"Failed to (read|load)", stderr), "a reader's own error line too"
     assert files_under(out) == [], "partial output left behind"
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
+from test_pretrain_run import logged
 from transformers import AutoTokenizer
 
 from egbert import cli
@@ -299,6 +300,15 @@ def test_a_pretraining_checkpoint_dir_embeds_with_its_base_model(family_dirs: di
     np.testing.assert_allclose(from_dir[0], states[-1][0].mean(0).numpy(), atol=1e-5)
 
 
+def test_loading_a_pretraining_model_keeps_transformers_load_report_off_stderr(family_dirs: dict):
+    """The base model out of a bert pretraining model leaves its MLM and NSP heads behind, as
+    egbert means it to: transformers' report of them (a warning at every such load) is not
+    for the user to act on."""
+    with logged("transformers.modeling_utils") as records:
+        load_model(family_dirs["bert"], "cpu")
+    assert [record.getMessage()[:80] for record in records] == []
+
+
 # ---------------------------------------------------------------------------------------------
 # The command line
 
@@ -338,7 +348,20 @@ def test_the_library_and_the_command_share_their_defaults(family_dirs: dict, tmp
     np.testing.assert_allclose(np.load(tmp_path / "o.npy"), vectors, atol=1e-6)
     parser_defaults = build_parser().parse_args(["--model", "m", "--input", "i", "--output", "o"])
     assert (parser_defaults.pool, parser_defaults.batch_size) == ("mean", 64)
-    assert parser_defaults.layers == "-1,-2,-3,-4"
+    assert parser_defaults.layers is None  # the model's last four layers, or all of fewer
+
+
+def test_the_default_layers_are_the_last_four_or_all_of_a_shallower_model(
+    family_dirs: dict, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+):
+    """docs/commands.md's `echo "a sentence" | egbert embed --model DIR --input - --output -`
+    on a model of two layers (the tiny preset's depth): both, concatenated."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("a sentence\n"))
+    cli.main(["embed", "--model", str(family_dirs["elmo"]), "--input", "-", "--output", "-"])
+    vector = json.loads(capfd.readouterr().out)["vector"]
+    expected = embed(family_dirs["elmo"], ["a sentence"], layers=(-1, -2), pool="mean")
+    assert len(vector) == 2 * WIDTH
+    np.testing.assert_allclose(vector, expected[0], atol=1e-6)
 
 
 def test_cli_reads_stdin_and_writes_jsonl_to_stdout(

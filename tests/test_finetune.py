@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from option_coverage import proves
+from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, BertConfig, BertModel
 
 from egbert.errors import CheckpointError, ConfigError
@@ -190,3 +192,34 @@ def test_bad_options_are_one_line_errors(glue_slice: Path, tiny_bert_dir: Path) 
         main(["--task", "rte", "--model", str(glue_slice / "nope"), *common])
     with pytest.raises(ConfigError, match="custom task needs"):
         main(["--train-file", "x.csv", "--model", str(tiny_bert_dir), *common])
+
+
+@proves("finetune", "--resume-from-checkpoint", "--overwrite-output-dir")
+def test_a_run_goes_on_from_the_checkpoint_named_or_starts_over(
+    glue_slice: Path, tiny_bert_dir: Path, tmp_path: Path
+) -> None:
+    """Two epochs of four steps, a checkpoint at each end: resumed from the first, the run ends
+    with the same model (the second's checkpoint, of the branch trained again, removed); with
+    --overwrite-output-dir a run starts over and says which checkpoints it removed."""
+    out = tmp_path / "rte"
+    argv = ["--task", "rte", "--model", str(tiny_bert_dir), "--data-dir", str(glue_slice)]
+    argv += ["--output-dir", str(out), *FAST, "--keep-checkpoints", "2", "--no-predict"]
+    argv += ["--report-to", "none"]
+    main(argv)
+    first = load_file(out / "model/model.safetensors")
+    main([*argv, "--resume-from-checkpoint", str(out / "checkpoints/step-4")])
+    log = (out / "train.log").read_text().splitlines()
+    assert [line for line in log if "resumed" in line] == [
+        f"egbert: resumed from {out / 'checkpoints/step-4'} (step 4, epoch 1, batch 0 of the "
+        "epoch); removed the later step-8"
+    ]
+    for name, tensor in load_file(out / "model/model.safetensors").items():
+        torch.testing.assert_close(tensor, first[name], atol=1e-6, rtol=0)
+    main([*argv, "--overwrite-output-dir", "--epochs", "1"])
+    log = (out / "train.log").read_text().splitlines()
+    assert [line for line in log if "overwrite" in line] == [
+        "egbert: --overwrite-output-dir: removed the earlier run's checkpoints step-4, step-8 "
+        f"from {out / 'checkpoints'}"
+    ]
+    assert [path.name for path in (out / "checkpoints").iterdir()] == ["step-4"]
+    assert json.loads((out / "eval_results.json").read_text())["epochs"] == 1

@@ -5,18 +5,22 @@ runs use."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
+from option_coverage import proves
 
 import egbert
 from egbert.arguments import arguments_from_options
 from egbert.cli import COMMANDS, main
-from egbert.config import FinetuneArguments, TrainingArguments, load_recipe
+from egbert.config import MODEL_FAMILIES, FinetuneArguments, TrainingArguments, load_recipe
 from egbert.errors import ConfigError
 from egbert.finetune.run import finetuning_recipe, parse_finetune_args
+from egbert.pretrain.prepared import prepare_arguments
 from egbert.pretrain.run import parse_pretrain_args, pretrain_arguments
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
@@ -68,11 +72,14 @@ def test_old_spellings_stay_aliases_of_the_kebab_case_options():
 def option_help(text: str) -> dict[str, str]:
     """--help's entries by their first option string, each on one line."""
     entries: dict[str, list[str]] = {}
+    current = None  # the entry the indented lines continue (none after a blank line: an epilog)
     for line in text.splitlines():
         if line.startswith("  -"):
-            entries[line.split()[0]] = [line.strip()]
-        elif line.startswith("    ") and entries:
-            entries[list(entries)[-1]].append(line.strip())
+            current = entries[line.split()[0]] = [line.strip()]
+        elif line.startswith("    ") and current is not None:
+            current.append(line.strip())
+        elif not line.strip():
+            current = None
     return {name: " ".join(words) for name, words in entries.items()}
 
 
@@ -84,10 +91,10 @@ def test_help_lists_kebab_case_first_and_the_familys_own_defaults(capsys):
         helps[family] = option_help(out)
     bert, gpt = helps["bert"], helps["gpt"]
     assert bert["--mlm-probability"].endswith("(default: 0.4)")
-    assert bert["--lr"].endswith("(default: 0.001)") and bert["--batch-size"].endswith("16)")
+    assert bert["--lr,"].endswith("(default: 0.001)") and bert["--batch-size,"].endswith("16)")
     assert gpt["--mlm-probability"].endswith("(default: 0.15)")
-    assert gpt["--lr"].endswith(f"(default: {load_recipe('gpt', 'pretrain')['lr']})")
-    assert gpt["--batch-size"].endswith(f"(default: {TrainingArguments.batch_size})")
+    assert gpt["--lr,"].endswith(f"(default: {load_recipe('gpt', 'pretrain')['lr']})")
+    assert gpt["--batch-size,"].endswith(f"(default: {TrainingArguments.batch_size})")
     assert "--train-files," not in bert and "--train_files" not in str(bert)
     assert "--nsp," in bert and "--no-nsp" in bert["--nsp,"]
 
@@ -200,3 +207,212 @@ def test_warmup_ratio_is_an_option_alike_everywhere(tmp_path, wikitext_slice, ti
     )
     saved = json.loads((out / "pretrain_args.json").read_text(encoding="utf-8"))
     assert result.step == 4 and saved["training"]["warmup_steps"] == 0.5
+
+
+# ---------------------------------------------------------------- help and --print-config
+
+
+def shown_defaults(argv: list[str], capsys) -> dict[str, str | None]:
+    """{option: the default its --help line shows (None: none shown)}."""
+    code, out, _ = run_cli([*argv, "--help"], capsys)
+    assert code == 0
+    return {
+        option.rstrip(","): (match.group(1) if match else None)
+        for option, text in option_help(out).items()
+        for match in [re.search(r"\(default: (.*)\)$", text)]
+    }
+
+
+def as_shown(value) -> str:
+    """A default as --help writes it (egbert.arguments.HelpFormatter)."""
+    return (" ".join(map(str, value)) or "none") if isinstance(value, list) else str(value)
+
+
+def assert_help_shows(shown: dict[str, str | None], resolved: tuple) -> None:
+    """Each option of the resolved dataclasses that has a value shows it (an unset one's help
+    says in words what unset means)."""
+    checked = 0
+    for instance in resolved:
+        for name, value in dataclasses.asdict(instance).items():
+            option = f"--{name.replace('_', '-')}"
+            if option in shown and name not in ("output_dir", "model") and value is not None:
+                assert shown[option] == as_shown(value), f"{option}: --help {shown[option]!r}"
+                checked += 1
+    assert checked > 10
+
+
+def test_help_shows_the_defaults_the_python_api_runs_with(tmp_path, capsys, monkeypatch):
+    """For each family F, `egbert pretrain|prepare --model F --help` shows the values
+    run_pretraining(model=F) and prepare_corpus(model=F) use, and `egbert finetune --model DIR`
+    those of run_finetuning(model=DIR); without --model, an option whose default depends on it
+    says so, with each family's value (bert trains with lr 1e-3 and 40% masks)."""
+    monkeypatch.setenv("COLUMNS", "2000")  # one line an option: no word cut by the wrapping
+    families = {}
+    for family in MODEL_FAMILIES:
+        shown = shown_defaults(["pretrain", "--model", family], capsys)
+        resolved = pretrain_arguments(model=family, output_dir="o")
+        assert_help_shows(shown, resolved)
+        assert_help_shows(
+            shown_defaults(["prepare", "--model", family], capsys),
+            prepare_arguments(model=family, output_dir="o"),
+        )
+        model_dir = tmp_path / family
+        model_dir.mkdir()
+        model_type = {"bert": "egbert-bert", "gpt": "egbert-gpt", "elmo": "egbert-elmo"}[family]
+        (model_dir / "config.json").write_text(json.dumps({"model_type": model_type}))
+        options = {"model": str(model_dir), "output_dir": "o"}
+        types = (FinetuneArguments, TrainingArguments)
+        assert_help_shows(
+            shown_defaults(["finetune", "--model", str(model_dir)], capsys),
+            arguments_from_options(types, options, finetuning_recipe(options)),
+        )
+        families[family] = {
+            name: value
+            for instance in resolved
+            for name, value in dataclasses.asdict(instance).items()
+        }
+    for command in ("pretrain", "prepare"):
+        shown = shown_defaults([command], capsys)
+        for name in families["bert"]:
+            option = f"--{name.replace('_', '-')}"
+            values = [families[family][name] for family in MODEL_FAMILIES]
+            if option not in shown or name in ("output_dir", "model") or values == [None] * 3:
+                continue
+            if len(set(map(str, values))) > 1:
+                each = ", ".join(
+                    f"{f} {as_shown(v)}" for f, v in zip(MODEL_FAMILIES, values, strict=True)
+                )
+                assert shown[option] == f"depends on --model: {each}", option
+            else:
+                assert shown[option] == as_shown(values[0]), option
+    assert shown_defaults(["pretrain"], capsys)["--lr"] == (
+        "depends on --model: bert 0.001, gpt 0.001, elmo 0.005"
+    )
+
+
+def test_help_text_is_printed_as_written(capsys):
+    """A % in a help text is a percent sign, not a format (argparse's % formatting printed the
+    action's dict); a default the help states is the one it shows."""
+    _, out, _ = run_cli(["pretrain", "--model", "gpt", "--help"], capsys)
+    assert "23% slower than eager" in option_help(out)["--compile,"]
+    assert "option_strings" not in out
+    _, out, _ = run_cli(["finetune", "--model", "m", "--help"], capsys)
+    epochs = option_help(out)["--epochs,"]
+    assert epochs.count("default") == 1 and epochs.endswith("(default: 3)"), epochs
+    assert option_help(out)["--greater-is-better,"].endswith("(default: True)")
+
+
+def test_prepare_help_says_which_options_it_ignores(capsys):
+    _, out, _ = run_cli(["prepare", "--model", "bert", "--help"], capsys)
+    helps = option_help(out)
+    for option in ("--preset", "--init-from,", "--objective", "--config-overrides", "--license"):
+        assert "(prepare ignores it: it shapes the model or the run)" in helps[option], option
+    for option in ("--seq-len,", "--train-files", "--mlm-probability", "--tokenizer"):
+        assert "prepare ignores it" not in helps[option], option
+
+
+def test_print_config_needs_only_the_model_family(tmp_path, capsys):
+    code, out, err = run_cli(["pretrain", "--model", "bert", "--print-config"], capsys)
+    assert code == 0, err
+    printed = yaml.safe_load(out)
+    assert printed["output_dir"] is None and printed["lr"] == 1e-3  # bert's own
+    code, _, err = run_cli(["pretrain", "--print-config"], capsys)  # the defaults depend on it
+    assert code == 2 and err.splitlines()[-1].endswith("required: --model")
+    config = tmp_path / "bert.yaml"
+    config.write_text(out, encoding="utf-8")  # a template: the run still needs --output-dir
+    code, _, err = run_cli(["pretrain", "--config", str(config)], capsys)
+    assert code == 2 and err.splitlines()[-1].endswith("required: --output-dir")
+    args = parse_pretrain_args(["--config", str(config), "--output-dir", "runs/b"])
+    assert args == parse_pretrain_args(["--model", "bert", "--output-dir", "runs/b"])
+    code, out, err = run_cli(["finetune", "--print-config"], capsys)
+    assert code == 0 and yaml.safe_load(out)["model"] is None, err
+
+
+# ---------------------------------------------------------------- run_mlm.py and run_clm.py names
+
+# (their spelling, a value, the field it must reach)
+TRANSFORMERS_NAMES = [
+    ("--learning-rate", "3e-4", "lr"),
+    ("--num-train-epochs", "4", "epochs"),
+    ("--per-device-train-batch-size", "8", "batch_size"),
+    ("--gradient-accumulation-steps", "3", "grad_accum"),
+    ("--save-steps", "7", "save_every"),
+    ("--eval-steps", "9", "eval_every"),
+    ("--logging-steps", "11", "log_every"),
+    ("--save-total-limit", "5", "keep_checkpoints"),
+    ("--lr-scheduler-type", "cosine", "schedule"),
+]
+PRETRAIN_NAMES = [
+    ("--block-size", "64", "seq_len"),
+    ("--max-seq-length", "96", "seq_len"),
+    ("--preprocessing-num-workers", "3", "num_proc"),
+    ("--model-name-or-path", "runs/bert", "init_from"),
+]
+BASE = {"pretrain": ["--model", "bert", "--output-dir", "o"], "finetune": ["--output-dir", "o"]}
+
+
+def resolved(command: str, argv: list[str]) -> dict:
+    parse = {"pretrain": parse_pretrain_args, "finetune": parse_finetune_args}[command]
+    parsed = parse([*BASE[command], *argv])
+    return {k: v for instance in parsed for k, v in dataclasses.asdict(instance).items()}
+
+
+def assert_alias_reaches(command: str, alias: str, value: str, name: str) -> None:
+    canonical = f"--{name.replace('_', '-')}"
+    base = [] if command == "pretrain" or name == "model" else ["--model", "m"]
+    by_alias = resolved(command, [*base, alias, value])
+    assert by_alias == resolved(command, [*base, canonical, value]), alias
+    assert by_alias == resolved(
+        command, [*base, alias.replace("-", "_").replace("__", "--"), value]
+    )
+    if name != "model":
+        assert by_alias[name] != resolved(command, base)[name], f"{alias} changed nothing"
+
+
+@proves("pretrain", *(alias for alias, _, _ in TRANSFORMERS_NAMES + PRETRAIN_NAMES))
+def test_pretrain_takes_run_mlm_and_run_clm_names_for_its_options(tmp_path):
+    for alias, value, name in TRANSFORMERS_NAMES + PRETRAIN_NAMES:
+        assert_alias_reaches("pretrain", alias, value, name)
+    # in a --config file and in Python as well
+    config = tmp_path / "run.yaml"
+    config.write_text("model: gpt\nlearning_rate: 3.0e-4\nblock_size: 64\n")
+    by_file = parse_pretrain_args(["--config", str(config), "--output-dir", "o"])
+    assert by_file == parse_pretrain_args(
+        ["--model", "gpt", "--output-dir", "o", "--lr", "3e-4", "--seq-len", "64"]
+    )
+    assert pretrain_arguments(model="gpt", output_dir="o", learning_rate=3e-4, block_size=64) == (
+        by_file
+    )
+
+
+@proves("finetune", *(alias for alias, _, _ in TRANSFORMERS_NAMES), "--model-name-or-path")
+def test_finetune_takes_run_glue_names_for_its_options():
+    for alias, value, name in [*TRANSFORMERS_NAMES, ("--model-name-or-path", "runs/b", "model")]:
+        assert_alias_reaches("finetune", alias, value, name)
+    assert resolved("finetune", ["--model-name-or-path", "runs/b"])["model"] == "runs/b"
+
+
+def test_their_values_egbert_lacks_and_their_options_it_lacks_get_one_line(tmp_path, capsys):
+    pretrain = ["pretrain", *BASE["pretrain"]]
+    code, _, err = run_cli([*pretrain, "--num-train-epochs", "2.5"], capsys)
+    assert err.strip() == "egbert pretrain: error: --epochs 2.5: give whole epochs, or --max-steps"
+    code, _, err = run_cli([*pretrain, "--lr-scheduler-type", "cosine_with_restarts"], capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "invalid choice: 'cosine_with_restarts'" in last
+    assert all(schedule in last for schedule in ("linear", "cosine", "inverse_sqrt", "constant"))
+    for command in ("pretrain", "finetune"):
+        argv = [command, *BASE[command], "--model", "m"] if command == "finetune" else pretrain
+        for option, hint in (
+            ("--do-train", "egbert always trains; drop it"),
+            ("--fp16", "egbert's mixed precision is --bf16"),
+            ("--dataset-name", "pretrain: --dataset; finetune: --task or --train-file"),
+            ("--per_device_eval_batch_size", "evaluation batches are --batch-size"),
+        ):
+            code, _, err = run_cli([*argv, option, "x"], capsys)
+            assert code == 2 and err.splitlines()[-1] == (
+                f"egbert {command}: error: unrecognized option {option} ({hint})"
+            )
+    config = tmp_path / "run.yaml"
+    config.write_text("model: gpt\nfp16: true\n")
+    code, _, err = run_cli(["pretrain", "--config", str(config), "--output-dir", "o"], capsys)
+    assert err.strip().endswith("unknown option(s) fp16 (fp16: egbert's mixed precision is --bf16)")

@@ -4,7 +4,9 @@ SIGKILL + resume from a folder."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import kill_once
+from option_coverage import proves
 from safetensors.torch import load_file
 from test_pretrain_run import _newest_checkpoint_epoch, split_records
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -20,7 +23,7 @@ from transformers import PreTrainedTokenizerFast
 
 import egbert
 from egbert.cli import main as cli_main
-from egbert.errors import ConfigError
+from egbert.errors import ConfigError, DataError
 from egbert.pretrain.corpus import build_examples
 from egbert.pretrain.prepared import PreparedFolder, token_dtype, write_examples
 from egbert.pretrain.run import pretrain_arguments
@@ -275,3 +278,149 @@ def test_sigkill_then_resume_from_a_folder_equals_a_clean_run(
         egbert.run_pretraining(
             model="bert", data=str(folder), seq_len=32, output_dir=str(out), resume=True
         )
+
+
+# ---------------------------------------------------------------- damaged folders
+
+
+def _truncate(path: Path, size: int) -> None:
+    with path.open("r+b") as handle:
+        handle.truncate(size)
+
+
+def _edit_manifest(folder: Path, edit) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    edit(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF  # the size stays: only a hash tells
+    path.write_bytes(bytes(data))
+
+
+def _more_examples(manifest: dict) -> None:
+    manifest["splits"]["train"]["examples"] += 100
+    manifest["splits"]["train"]["shards"][0]["examples"] += 100
+
+
+# (what is damaged, how, the file the one line names, what it says)
+DAMAGES = [
+    ("a shard cut short", lambda f: _truncate(f / "train/00000.input_ids.bin", 6000),
+     "train/00000.input_ids.bin", "6,000 bytes, where the manifest says"),
+    ("counts edited in the manifest", lambda f: _edit_manifest(f, _more_examples),
+     "train/00000.offsets.npy", "entries, where the manifest's"),
+    ("one split's count edited",
+     lambda f: _edit_manifest(f, lambda m: m["splits"]["train"].update(examples=10**6)),
+     "manifest.json", "train has 1,000,000 examples, its shards"),
+    ("the manifest cut in half",
+     lambda f: _truncate(f / "manifest.json", (f / "manifest.json").stat().st_size // 2),
+     "manifest.json", "not valid JSON at line"),
+    ("the tokenizer's file changed",
+     lambda f: (f / "tokenizer/tokenizer.json").write_text("{}"),
+     "tokenizer", "not the tokenizer the examples were made with"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def small_folder(corpus, tiny_tokenizer_dir, tmp_path_factory) -> Path:
+    """A bert folder (NSP: four files a shard) of 200 lines of the slice."""
+    lines = corpus["train"].read_text(encoding="utf-8").splitlines(keepends=True)[:200]
+    text = tmp_path_factory.mktemp("small") / "small.tokens"
+    text.write_text("".join(lines), encoding="utf-8")
+    folder = tmp_path_factory.mktemp("folders") / "bert"
+    run_options = options("bert", tiny_tokenizer_dir, {"train": text, "valid": text})
+    egbert.prepare_corpus(**{**run_options, "validation_files": []}, output_dir=str(folder))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("damage", "named", "expected"),
+    [pytest.param(how, named, expected, id=what) for what, how, named, expected in DAMAGES],
+)
+def test_a_damaged_folder_is_refused_in_one_line_before_anything_is_written(
+    damage, named, expected, small_folder, tmp_path
+):
+    folder = shutil.copytree(small_folder, tmp_path / "folder")
+    damage(folder)
+    out = tmp_path / "run"
+    argv = ["pretrain", "--model", "bert", "--data", str(folder), "--seq-len", "32"]
+    message = _one_line_error([*argv, "--output-dir", str(out), "--report-to", "none"])
+    assert f"{folder / named}: " in message and expected in message, message
+    assert "is damaged: delete it and run `egbert prepare` again" in message
+    assert not out.exists()  # no train.log, no checkpoint
+    verify = ["prepare", "--model", "bert", "--output-dir", str(folder), "--verify"]
+    assert _one_line_error(verify) == message.replace("egbert pretrain", "egbert prepare")
+
+
+def prepare_again_argv(folder: Path, tokenizer: Path) -> list[str]:
+    """The `egbert prepare` command line that made `small_folder`."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    argv = ["prepare", "--model", "bert", "--tokenizer", str(tokenizer), "--seq-len", "32"]
+    argv += ["--doc-boundary", "wikitext", "--output-dir", str(folder), "--train-files"]
+    return [*argv, manifest["sources"]["train_files"][0].rsplit(" (", 1)[0]]
+
+
+def test_prepare_refuses_to_call_a_damaged_folder_done(small_folder, tiny_tokenizer_dir, tmp_path):
+    folder = shutil.copytree(small_folder, tmp_path / "folder")
+    argv = prepare_again_argv(folder, tiny_tokenizer_dir)
+    cli_main(argv)  # the same options: nothing to do
+    _truncate(folder / "train/00000.input_ids.bin", 6000)
+    message = _one_line_error(argv)
+    assert "train/00000.input_ids.bin: 6,000 bytes" in message and "damaged" in message
+
+
+@proves("prepare", "--max-train-samples")
+def test_max_train_samples_is_the_runs_and_leaves_the_examples_alone(
+    small_folder, tiny_tokenizer_dir, tmp_path, capsys
+):
+    """pretrain's --max-train-samples takes the first examples of a folder; prepare accepts it
+    (one --config file for both) and stores every example: the same folder, nothing to do."""
+    folder = shutil.copytree(small_folder, tmp_path / "folder")
+    written = {path: path.stat().st_mtime_ns for path in folder.rglob("*")}
+    cli_main([*prepare_again_argv(folder, tiny_tokenizer_dir), "--max-train-samples", "5"])
+    assert "already holds these examples; nothing to do" in capsys.readouterr().out
+    assert {path: path.stat().st_mtime_ns for path in folder.rglob("*")} == written
+
+
+@proves("prepare", "--verify")
+def test_verify_hashes_every_file_where_opening_checks_sizes(small_folder, tmp_path, capsys):
+    folder = shutil.copytree(small_folder, tmp_path / "folder")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    files = manifest["splits"]["train"]["shards"][0]["files"]
+    for name, record in files.items():  # the manifest's sizes and sha256 are the files'
+        data = (folder / "train" / name).read_bytes()
+        assert record == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert set(files) == {
+        f"00000.{name}"
+        for name in (
+            "input_ids.bin",
+            "offsets.npy",
+            "segment_b_start.npy",
+            "next_sentence_label.npy",
+        )
+    }
+    cli_main(["prepare", "--output-dir", str(folder), "--verify"])  # needs no other option
+    assert f"{folder} is intact (4 files checked against their sha256)" in capsys.readouterr().out
+    _flip_a_byte(folder / "train/00000.input_ids.bin")
+    PreparedFolder(folder)  # sizes and counts still agree: opening does not hash
+    message = _one_line_error(["prepare", "--output-dir", str(folder), "--verify"])
+    assert f"{folder}/train/00000.input_ids.bin: its sha256 is not the one the manifest" in message
+
+
+def test_a_folder_prepared_before_the_checksums_stays_readable(small_folder, tmp_path):
+    folder = shutil.copytree(small_folder, tmp_path / "folder")
+    for shard in (manifest := json.loads((folder / "manifest.json").read_text()))["splits"][
+        "train"
+    ]["shards"]:
+        del shard["files"]  # what egbert wrote before the sizes and hashes were recorded
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    examples = PreparedFolder(folder).examples("train")
+    assert len(examples) == manifest["splits"]["train"]["examples"] > 10
+    _truncate(folder / "train/00000.input_ids.bin", 6000)  # still caught: by the counts
+    with pytest.raises(DataError, match="6,000 bytes, where the manifest says"):
+        PreparedFolder(folder)
+    shutil.copy(small_folder / "train/00000.input_ids.bin", folder / "train")
+    with pytest.raises(DataError, match="records no checksums"):
+        PreparedFolder(folder).verify_checksums()

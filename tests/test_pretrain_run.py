@@ -3,15 +3,19 @@ options, config files, and a SIGKILL + resume of the real job that must match a 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import kill_once
+from option_coverage import proves
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
@@ -207,8 +211,8 @@ def test_config_file_sets_options_and_the_command_line_wins(tmp_path):
     )
     assert pretrain_args.model == "gpt" and pretrain_args.train_files == ["a.txt", "b.txt"]
     assert pretrain_args.seq_len == 32 and training_args.lr == 1e-3 and training_args.bf16
-    config.write_text("model: gpt\nlearning_rate: 0.1\n")
-    with pytest.raises(ConfigError, match="unknown option.*learning_rate"):
+    config.write_text("model: gpt\nlern_rate: 0.1\n")
+    with pytest.raises(ConfigError, match="unknown option.*lern_rate"):
         parse_args((PretrainArguments, TrainingArguments), ["--config", str(config)], "p", "")
 
 
@@ -304,3 +308,94 @@ def test_max_eval_samples_keeps_the_first_validation_examples():
     assert [example["input_ids"] for example in streamed] == [[0], [1], [2]]
     with pytest.raises(ConfigError, match="--max-eval-samples must be >= 1"):
         PretrainArguments(model="gpt", tokenizer="t", train_files=["a"], max_eval_samples=0)
+
+
+# ---------------------------------------------------------------- the run options of run_mlm.py
+
+
+@contextlib.contextmanager
+def logged(*loggers: str) -> Iterator[list[logging.LogRecord]]:
+    """The records these loggers emit meanwhile (transformers' own do not propagate to pytest's
+    handler, so caplog would not see them)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    for name in loggers:
+        logging.getLogger(name).addHandler(handler)
+    try:
+        yield records
+    finally:
+        for name in loggers:
+            logging.getLogger(name).removeHandler(handler)
+
+
+def gpt_argv(corpus, tokenizer: Path, out: Path, *extra: str) -> list[str]:
+    argv = pretrain_argv("gpt", tokenizer, corpus["short"], out, "--batch-size", "4")
+    return [*argv, "--report-to", "none", "--log-every", "1", *extra]
+
+
+@proves("pretrain", "--max-train-samples")
+def test_max_train_samples_trains_on_the_first_examples_only(corpus, tiny_tokenizer_dir, tmp_path):
+    """12 examples in batches of 4: 3 steps an epoch (the short corpus has some 80 blocks)."""
+    out = tmp_path / "run"
+    with logged("accelerate.utils.other") as records:  # gpt ties its output weights
+        main(
+            gpt_argv(corpus, tiny_tokenizer_dir, out, "--max-train-samples", "12", "--epochs", "2")
+        )
+    assert [record["step"] for record in split_records(out, "train")] == [1, 2, 3, 4, 5, 6]
+    assert not any("Removed shared tensor" in record.getMessage() for record in records)
+
+
+@proves("pretrain", "--overwrite-output-dir")
+def test_overwrite_output_dir_removes_the_earlier_checkpoints_and_says_so(
+    corpus, tiny_tokenizer_dir, tmp_path
+):
+    out = tmp_path / "run"
+    argv = gpt_argv(corpus, tiny_tokenizer_dir, out, "--save-every", "2")
+    main([*argv, "--max-steps", "4"])
+    with pytest.raises(ConfigError, match="already holds checkpoints.*--overwrite-output-dir"):
+        main([*argv, "--max-steps", "2"])
+    main([*argv, "--max-steps", "2", "--overwrite-output-dir"])
+    said = [line for line in (out / "train.log").read_text().splitlines() if "overwrite" in line]
+    assert said == [
+        "egbert: --overwrite-output-dir: removed the earlier run's checkpoints step-2, step-4 "
+        f"from {out / 'checkpoints'}"
+    ]
+    assert [path.name for path in (out / "checkpoints").iterdir()] == ["step-2"]
+    assert [record["step"] for record in split_records(out, "train")] == [1, 2]  # this run's
+
+
+@proves("pretrain", "--resume-from-checkpoint")
+def test_resume_from_checkpoint_goes_on_from_the_one_named(corpus, tiny_tokenizer_dir, tmp_path):
+    """Resumed from step-2 of a 6-step run, the run trains steps 3..6 again to the same weights;
+    the later checkpoints, of the branch trained again, are removed."""
+    out = tmp_path / "run"
+    argv = gpt_argv(corpus, tiny_tokenizer_dir, out, "--max-steps", "6", "--save-every", "2")
+    main([*argv, "--keep-checkpoints", "3"])
+    first = load_file(out / "model/model.safetensors")
+    main([*argv, "--resume-from-checkpoint", str(out / "checkpoints/step-2")])
+    resumed = [line for line in (out / "train.log").read_text().splitlines() if "resumed" in line]
+    assert resumed == [
+        f"egbert: resumed from {out / 'checkpoints/step-2'} (step 2, epoch 0, batch 2 of the "
+        "epoch); removed the later step-4, step-6"
+    ]
+    for name, tensor in load_file(out / "model/model.safetensors").items():
+        torch.testing.assert_close(tensor, first[name], atol=1e-6, rtol=0)
+    assert [record["step"] for record in split_records(out, "train")] == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(ConfigError, match="--resume-from-checkpoint .*: not a checkpoint"):
+        main([*argv, "--resume-from-checkpoint", str(out)])
+
+
+def test_a_resumed_run_checks_its_options_before_it_reads_the_corpus(
+    corpus, tiny_tokenizer_dir, tmp_path, monkeypatch
+):
+    out = tmp_path / "run"
+    argv = gpt_argv(corpus, tiny_tokenizer_dir, out, "--max-steps", "2", "--save-every", "2")
+    main(argv)
+
+    def read_corpus(*args, **kwargs):
+        raise AssertionError("the corpus was read before the options were checked")
+
+    monkeypatch.setattr("egbert.pretrain.run.load_corpus", read_corpus)
+    with pytest.raises(ConfigError, match=r"cannot resume from .*step-2: .*--lr 0.001 -> 0.002"):
+        main([*argv, "--resume", "--lr", "2e-3"])

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+from datasets import Dataset
+from option_coverage import proves
 from transformers import AutoTokenizer
 
 from egbert.cli import main as egbert_main
@@ -188,3 +192,110 @@ def test_cli_error_is_one_line_and_nonzero(tmp_path, capsys):
 def _write(path: Path, content: bytes) -> Path:
     path.write_bytes(content)
     return path
+
+
+# ---------------------------------------------------------------- the corpora pretraining reads
+
+MARK = "zyxq"  # a word WikiText lacks: in a vocabulary only where rows of it were read
+CONFIGS_README = """---
+configs:
+- config_name: plain
+  data_files:
+  - {split: train, path: plain/train.parquet}
+  - {split: validation, path: plain/validation.parquet}
+- config_name: marked
+  data_files:
+  - {split: train, path: marked/train.parquet}
+  - {split: validation, path: marked/validation.parquet}
+---
+"""
+
+
+@pytest.fixture(scope="module")
+def shapes(wikitext_slice: Path, tmp_path_factory) -> dict[str, Path]:
+    """150 lines of WikiText-2 in every shape pretraining reads, one text a line or a row."""
+    root = tmp_path_factory.mktemp("shapes")
+    lines = [line.strip() for line in wikitext_slice.read_text().splitlines() if line.strip()]
+    lines = lines[:150]
+    table = Dataset.from_dict(
+        {"id": list(range(len(lines))), "content": lines, "title": [MARK] * len(lines)}
+    )
+    paths = {"txt": root / "wiki.txt", "gz": root / "wiki.txt.gz", "jsonl": root / "docs.jsonl"}
+    paths["txt"].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with gzip.open(paths["gz"], "wt", encoding="utf-8") as handle:
+        handle.write(paths["txt"].read_text(encoding="utf-8"))
+    rows = [{"meta": {"source": "café", "line": i}, "text": line} for i, line in enumerate(lines)]
+    paths["jsonl"].write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    for name in ("parquet", "csv"):
+        paths[name] = root / f"docs.{name}"
+        getattr(table.remove_columns("title"), f"to_{name}")(paths[name])
+    paths["saved"] = root / "saved"
+    table.remove_columns("title").save_to_disk(paths["saved"])
+    paths["hub"] = root / "hub"  # a Hub repository's layout: parquet shards under data/
+    (paths["hub"] / "data").mkdir(parents=True)
+    for index in range(2):
+        shard = table.shard(2, index, contiguous=True).remove_columns("title")
+        shard.to_parquet(paths["hub"] / "data" / f"train-0000{index}-of-00002.parquet")
+    paths["titled"] = root / "titled.parquet"  # two text columns: content and title
+    table.remove_columns("id").to_parquet(paths["titled"])
+    paths["marks"] = root / "marks.txt"
+    paths["marks"].write_text(f"{MARK}\n" * 3, encoding="utf-8")
+    paths["configs"] = root / "configs"  # two configurations with two splits each
+    marked = Dataset.from_dict({"content": [MARK] * 20})  # a split's columns: its config's
+    for config, validation in (("plain", table.select_columns("content")), ("marked", marked)):
+        (paths["configs"] / config).mkdir(parents=True)
+        table.select_columns("content").to_parquet(paths["configs"] / config / "train.parquet")
+        validation.to_parquet(paths["configs"] / config / "validation.parquet")
+    (paths["configs"] / "README.md").write_text(CONFIGS_README, encoding="utf-8")
+    return paths
+
+
+def trained_vocab(tmp_path: Path, *options: str) -> dict[str, int]:
+    """`egbert tokenizer train OPTIONS` -> the saved vocabulary (byte-level BPE of 300 tokens:
+    its training is deterministic, where WordPiece's breaks ties by hash order)."""
+    out = tmp_path / f"tokenizer-{len(list(tmp_path.iterdir()))}"
+    argv = ["tokenizer", "train", *options, "--kind", "bpe", "--vocab-size", "300"]
+    egbert_main([*argv, "--out", str(out)])
+    return AutoTokenizer.from_pretrained(out).get_vocab()
+
+
+@proves("tokenizer train", "--files", "--dataset")
+def test_the_tokenizer_learns_the_same_vocabulary_from_every_shape_of_a_corpus(shapes, tmp_path):
+    """The texts pretraining reads, whatever the files: not the JSON around them, not the
+    compressed bytes (the vocabulary of the plain text has no `meta` or `u00e9`)."""
+    plain = trained_vocab(tmp_path, "--files", str(shapes["txt"]))
+    assert "meta" not in plain and not any("u00e9" in token for token in plain)
+    for shape in ("gz", "jsonl", "parquet", "csv", "saved", "hub"):
+        assert trained_vocab(tmp_path, "--files", str(shapes[shape])) == plain, shape
+    assert trained_vocab(tmp_path, "--dataset", str(shapes["hub"])) == plain
+    # sources of two kinds, unweighted: one after the other, as pretraining reads them
+    lines = shapes["txt"].read_text(encoding="utf-8").splitlines(keepends=True)
+    (tmp_path / "first.txt").write_text("".join(lines[:75]), encoding="utf-8")
+    rest = "".join(json.dumps({"text": line.strip()}) + "\n" for line in lines[75:])
+    (tmp_path / "rest.jsonl").write_text(rest, encoding="utf-8")
+    files = [str(tmp_path / "first.txt"), str(tmp_path / "rest.jsonl")]
+    assert trained_vocab(tmp_path, "--files", *files) == plain
+
+
+@proves("tokenizer train", "--text-column", "--source-weights")
+def test_the_text_column_and_source_weights_decide_what_the_tokenizer_reads(shapes, tmp_path):
+    assert MARK not in trained_vocab(tmp_path, "--files", str(shapes["titled"]))  # content
+    assert MARK in trained_vocab(
+        tmp_path, "--files", str(shapes["titled"]), "--text-column", "title"
+    )
+    # three lines of MARK beside 150 of WikiText: learned only where the mix draws them often
+    sources = ["--files", str(shapes["marks"]), str(shapes["txt"])]
+    assert MARK not in trained_vocab(tmp_path, *sources)
+    assert MARK in trained_vocab(tmp_path, *sources, "--source-weights", "10", "1")
+
+
+@proves("tokenizer train", "--dataset-config", "--split")
+def test_the_dataset_config_and_split_name_the_part_of_a_data_set_read(shapes, tmp_path):
+    dataset = ["--dataset", str(shapes["configs"])]
+    assert MARK in trained_vocab(
+        tmp_path, *dataset, "--dataset-config", "marked", "--split", "validation"
+    )
+    assert MARK not in trained_vocab(tmp_path, *dataset, "--dataset-config", "marked")  # train
+    assert MARK not in trained_vocab(
+        tmp_path, *dataset, "--dataset-config", "plain", "--split", "validation"
+    )

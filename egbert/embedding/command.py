@@ -78,8 +78,8 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--layers",
-        default=",".join(map(str, defaults.layers)),
-        help="comma-separated layer indices: -1 last layer, 0 embeddings (default: %(default)s)",
+        help="comma-separated layer indices: -1 last layer, 0 embeddings (default: the last 4, "
+        "-1,-2,-3,-4, or all of a model with fewer)",
     )
     parser.add_argument(
         "--combine",
@@ -165,6 +165,11 @@ def read_input(args: argparse.Namespace) -> InputFile | list[TextOrPair]:
             raise DataError("--input -: stdin is empty: nothing to embed")
         return texts
     source = InputFile(Path(args.input), args.encoding, args.text_field, args.pair_field)
+    if source.path.is_dir():
+        raise DataError(
+            f"--input {source.path} is a folder; pass a file (.jsonl, or text with one input "
+            "per line) or - for stdin"
+        )
     if not source.path.is_file():
         raise DataError(f"--input {source.path} not found")
     if not len(source):
@@ -213,7 +218,9 @@ def _read_jsonl(
             )
 
 
-def _parse_layers(value: str) -> list[int]:
+def _parse_layers(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
     try:
         return [int(part) for part in value.split(",") if part.strip()]
     except ValueError as error:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence, Sized
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from egbert.embedding.loading import check_lengths, resolve_layers, resolve_model
-from egbert.embedding.options import EmbedOptions
+from egbert.embedding.options import EmbedOptions, last_layers
 from egbert.embedding.vectors import TextOrPair, TokenEmbeddings, check_items, embed_items
 from egbert.embedding.writers import COUNTED_SUFFIXES, STDOUT, check_output, open_writer
 from egbert.errors import ConfigError, DataError
@@ -27,7 +28,7 @@ DEFAULTS = EmbedOptions()
 def embed(
     model_or_dir: str | os.PathLike | PreTrainedModel,
     texts_or_pairs: Iterable[TextOrPair],
-    layers: Sequence[int] = DEFAULTS.layers,
+    layers: Sequence[int] | None = DEFAULTS.layers,
     combine: str = DEFAULTS.combine,
     pool: str = DEFAULTS.pool,
     batch_size: int = DEFAULTS.batch_size,
@@ -49,7 +50,8 @@ def embed(
         texts_or_pairs: texts, or (a, b) pairs of texts; any iterable (read in chunks when
             `output` is given).
         layers: indices into hidden_states = (embeddings, layer 1..N): -1 is the last layer,
-            0 the embeddings; a layer the model lacks raises ConfigError.
+            0 the embeddings; a layer the model lacks raises ConfigError. Default: the last
+            four layers, or all of a model with fewer (`last_layers`).
         combine: 'concat' (in the order of `layers`), 'sum', 'mean', 'scalar-mix' (untrained:
             equal weights, gamma 1) or 'none' (exactly one layer).
         pool: 'mean' (average of the real tokens, so padding never changes a vector), 'cls'
@@ -75,7 +77,14 @@ def embed(
         order given; with `output`: the path written.
     """
     options = EmbedOptions(
-        tuple(layers), combine, pool, batch_size, max_length, normalize, word_level, stride
+        None if layers is None else tuple(layers),
+        combine,
+        pool,
+        batch_size,
+        max_length,
+        normalize,
+        word_level,
+        stride,
     )
     if isinstance(texts_or_pairs, str):
         raise ConfigError("texts_or_pairs is a single string; pass a list of texts")
@@ -88,7 +97,9 @@ def embed(
             raise DataError("no texts to embed")
     model, tokenizer, was_training = resolve_model(model_or_dir, tokenizer, device, allow_pickle)
     try:
-        positions = resolve_layers(options.layers, model.config.num_hidden_layers)
+        depth = model.config.num_hidden_layers
+        options = replace(options, layers=options.layers or last_layers(depth))
+        positions = resolve_layers(options.layers, depth)
         max_length = check_lengths(model, tokenizer, options.max_length, options.stride)
         if target is None:
             items = check_items(list(texts_or_pairs))

@@ -16,7 +16,7 @@ class EmbedOptions:
     """The options of `embed` (and of `egbert embed`, whose option names are these): see
     `embed` for what each does. Checked when built."""
 
-    layers: tuple[int, ...] = (-1, -2, -3, -4)
+    layers: tuple[int, ...] | None = None  # None: the last min(4, depth) layers (last_layers)
     combine: str = "concat"
     pool: str = "mean"
     batch_size: int = 64
@@ -30,11 +30,12 @@ class EmbedOptions:
             raise ConfigError(f"combine={self.combine!r} is not one of {', '.join(COMBINES)}")
         if self.pool not in POOLS:
             raise ConfigError(f"pool={self.pool!r} is not one of {', '.join(POOLS)}")
-        if not self.layers:
+        if self.layers is not None and not self.layers:
             raise ConfigError("layers is empty; pick at least one layer, for example -1")
-        if self.combine == "none" and len(self.layers) != 1:
+        if self.combine == "none" and (self.layers is None or len(self.layers) != 1):
+            given = "the default, the last 4" if self.layers is None else len(self.layers)
             raise ConfigError(
-                f"combine='none' takes exactly one layer, got {len(self.layers)}; "
+                f"combine='none' takes exactly one layer, got {given}; "
                 "pass one layer or choose concat, sum, mean or scalar-mix"
             )
         if self.word_level and self.pool != "none":
@@ -43,3 +44,9 @@ class EmbedOptions:
             raise ConfigError(f"batch_size={self.batch_size} must be at least 1")
         if self.max_length is not None and self.max_length < 1:
             raise ConfigError(f"max_length={self.max_length} must be at least 1")
+
+
+def last_layers(depth: int, count: int = 4) -> tuple[int, ...]:
+    """The default layers: the last `count` of a model of `depth` layers, or all of a
+    shallower one (-1 the last; BERT's feature-based recipe concatenates its last four)."""
+    return tuple(range(-1, -min(count, depth) - 1, -1))

@@ -49,7 +49,7 @@ from transformers import (
 )
 
 import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with the Auto classes)
-from egbert.arguments import arguments_from_options, parse_args
+from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
 from egbert.checkpoints import first_line, load_pretrained, read_model_config, resolve_model_dir
 from egbert.config import FinetuneArguments, TrainingArguments, apply_config_overrides, load_recipe
 from egbert.errors import CheckpointError, ConfigError, DataError
@@ -131,7 +131,13 @@ def parse_finetune_args(argv: list[str] | None) -> tuple[FinetuneArguments, Trai
     """`egbert finetune`'s options: the command line over the --config file over the recipe."""
     types = (FinetuneArguments, TrainingArguments)
     return parse_args(
-        types, argv, "egbert finetune", DESCRIPTION, epilog=EPILOG, recipe=finetuning_recipe
+        types,
+        argv,
+        "egbert finetune",
+        DESCRIPTION,
+        epilog=EPILOG,
+        recipe=finetuning_recipe,
+        hints=SCRIPT_HINTS,
     )
 
 

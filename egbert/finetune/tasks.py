@@ -349,6 +349,8 @@ def _read_rows(
     path: Path, headerless_columns: tuple[str, ...] | None = None
 ) -> Iterator[tuple[int, dict]]:
     """(line number, row as a dict) for every data row of a TSV, CSV or JSONL file."""
+    if path.is_dir():
+        raise DataError(f"{path} is a folder; pass a CSV, TSV or JSONL file")
     if not path.is_file():
         raise DataError(f"file not found: {path}")
     found_any = False

@@ -11,7 +11,8 @@ on any machine, reads them from the folder and masks bert's examples per step as
 
 A folder holds:
     manifest.json   what made the examples (tokenizer hash, family, seq_len, the options and
-                    sources), what they are (dtype, counts per split and shard), egbert's version
+                    sources), what they are (dtype, counts per split and shard, each shard
+                    file's size and sha256), egbert's version
     tokenizer/      the tokenizer the ids come from (save_pretrained)
     train/, validation/   shards; shard k of a split is
         k.input_ids.bin            the examples' ids end to end, uint16 when every id fits
@@ -29,6 +30,11 @@ them (`np.memmap(path, dtype)`). docs/data.md has the measurements.
 The tokenization runs in a `datasets` cache inside the folder being written, removed when the
 shards are done: nothing of the corpus stays in ~/.cache. The folder appears whole or not at all
 (written under a temporary name, then renamed).
+
+Opening a folder checks, before anything trains on it or is written, its tokenizer's files
+(sha256), each shard file's size and that the counts agree with the files (a truncated shard or
+an edited count would train on short or shifted examples, or fail mid-run); folders prepared
+before the sizes were recorded, the counts alone. `egbert prepare --verify` hashes every file.
 """
 
 from __future__ import annotations
@@ -53,7 +59,12 @@ from torch.utils.data import Dataset as TorchDataset
 
 from egbert import __version__
 from egbert.arguments import arguments_from_options, parse_args
-from egbert.config import PrepareArguments, PretrainArguments, pretraining_recipe
+from egbert.config import (
+    MODEL_FAMILIES,
+    PrepareArguments,
+    PretrainArguments,
+    pretraining_recipe,
+)
 from egbert.errors import ConfigError, DataError
 from egbert.pretrain.corpus import (
     examples_from_tokens,
@@ -69,38 +80,25 @@ MANIFEST = "manifest.json"
 # files a user can copy and a loader can map one at a time.
 MAX_SHARD_TOKENS = 100_000_000
 WRITE_BATCH_EXAMPLES = 10_000
-# PretrainArguments fields that change neither the examples nor where they come from.
-NOT_DATA_OPTIONS = frozenset(
-    {
-        "preset",
-        "init_from",
-        "config_overrides",
-        "allow_pickle",
-        "max_eval_samples",
-        "objective",
-        "card_datasets",
-        "license",
-        "num_proc",
-        "data",
-        "tokenizer",
-    }
+HASH_BLOCK_BYTES = 16 * 2**20
+# PretrainArguments fields that shape only the model or the run: prepare accepts them, so that
+# one --config file serves both commands, and ignores them (its --help says so).
+IGNORED_OPTIONS = frozenset(
+    {"preset", "init_from", "config_overrides", "allow_pickle", "max_eval_samples", "objective"}
+    | {"max_train_samples", "card_datasets", "license"}
 )
+# PretrainArguments fields that change neither the examples nor where they come from.
+NOT_DATA_OPTIONS = IGNORED_OPTIONS | {"num_proc", "data", "tokenizer"}
 EXAMPLE_OPTIONS = frozenset(
-    {
-        "nsp",
-        "short_seq_prob",
-        "dupe_factor",
-        "mlm_probability",
-        "whole_word_mask",
-    }
+    {"nsp", "short_seq_prob", "dupe_factor", "mlm_probability", "whole_word_mask"}
 )
 
 DESCRIPTION = (
     "Tokenize a corpus once into a folder of memory-mapped shards of a family's examples, for "
     "`egbert pretrain --data DIR`. Takes pretrain's data, tokenizer, family and sequence options "
-    "(with the same family defaults); the options that shape only the model or the run (--preset, "
-    "--init-from, --config-overrides, --objective, --max-eval-samples, --card-datasets, "
-    "--license) are accepted, so that one --config file serves both commands, and ignored."
+    "(with the same family defaults); the options that shape only the model or the run are "
+    "accepted, so that one --config file serves both commands, and ignored (their help says so). "
+    "With --verify, checks the folder in --output-dir instead: every file against its manifest."
 )
 
 
@@ -109,16 +107,13 @@ DESCRIPTION = (
 
 def main(argv: list[str] | None = None) -> None:
     manifest = prepare(*parse_prepare_args(argv))
-    train = manifest["splits"]["train"]
+    splits = manifest["splits"]
+    train, validation = splits["train"], splits.get("validation", {}).get("examples")
     print(
         f"egbert: {manifest['family']} examples in {manifest['folder']}: "
         f"{train['examples']:,} for training ({train['tokens']:,} {manifest['dtype']} tokens "
         f"from {train['documents']:,} documents)"
-        + (
-            f", {manifest['splits']['validation']['examples']:,} for validation"
-            if "validation" in manifest["splits"]
-            else ""
-        ),
+        + (f", {validation:,} for validation" if validation is not None else ""),
         flush=True,
     )
 
@@ -140,24 +135,49 @@ def parse_prepare_args(argv: list[str] | None) -> tuple[PretrainArguments, Prepa
     """`egbert prepare`'s options: the command line over the --config file over the family's
     pretraining recipe, parsed once."""
     types = (PretrainArguments, PrepareArguments)
-    return parse_args(types, argv, "egbert prepare", DESCRIPTION, recipe=examples_recipe)
+    return parse_args(
+        types,
+        argv,
+        "egbert prepare",
+        DESCRIPTION,
+        recipe=examples_recipe,
+        recipe_keys=("model", "init_from", "output_dir"),
+        recipe_choices={"model": MODEL_FAMILIES},
+        notes=dict.fromkeys(IGNORED_OPTIONS, "prepare ignores it: it shapes the model or the run"),
+    )
 
 
 def examples_recipe(options: dict[str, Any]) -> dict[str, Any]:
-    """The family's pretraining recipe, less the trainer's options (prepare builds examples)."""
+    """The family's pretraining recipe, less the trainer's options (prepare builds examples);
+    without --model, the family in --output-dir's manifest (so --verify needs no more)."""
+    family = options.get("model") or _manifest_family(options.get("output_dir"))
     known = {
         name for cls in (PretrainArguments, PrepareArguments) for name in cls.__dataclass_fields__
     }
-    return {k: v for k, v in pretraining_recipe(options).items() if k in known}
+    recipe = pretraining_recipe({**options, "model": family})
+    return {k: v for k, v in recipe.items() if k in known} | ({"model": family} if family else {})
+
+
+def _manifest_family(folder: str | None) -> str | None:
+    """The family a prepared folder's manifest names (None where it names none: opening the
+    folder says what is wrong)."""
+    try:
+        family = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))["family"]
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
+    return family if family in MODEL_FAMILIES else None
 
 
 def prepare(args: PretrainArguments, prepare_args: PrepareArguments) -> dict[str, Any]:
     """Build the examples as `egbert pretrain` would and write them to `output_dir` (nothing
-    to do if it already holds them; an error naming what differs if it holds other ones)."""
+    to do if it already holds them; an error naming what differs if it holds other ones).
+    With `verify`: check every file of the folder in `output_dir` instead (see the module doc)."""
+    target = Path(prepare_args.output_dir)
+    if prepare_args.verify:
+        return verify_folder(target)
     _check_prepare_options(args)
     tokenizer = load_tokenizer(args.tokenizer)
     recipe = _recipe(args, prepare_args.seed, tokenizer)
-    target = Path(prepare_args.output_dir)
     if target.exists():
         return _existing(target, recipe)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -256,6 +276,14 @@ def _recipe(args: PretrainArguments, seed: int, tokenizer) -> dict[str, Any]:
     }
 
 
+def verify_folder(target: Path) -> dict[str, Any]:
+    """`egbert prepare --verify`: the folder's checks, and every shard file's sha256."""
+    folder = PreparedFolder(target)
+    checked = folder.verify_checksums()
+    print(f"egbert: {target} is intact ({checked} files checked against their sha256)", flush=True)
+    return {**folder.manifest, "folder": str(target)}
+
+
 def _existing(target: Path, recipe: dict[str, Any]) -> dict[str, Any]:
     manifest_path = target / MANIFEST
     if not manifest_path.is_file():
@@ -263,7 +291,7 @@ def _existing(target: Path, recipe: dict[str, Any]) -> dict[str, Any]:
             f"--output-dir {target} exists and is not a prepared folder (no {MANIFEST}); "
             "choose a new folder"
         )
-    manifest = read_manifest(target)
+    manifest = PreparedFolder(target).manifest  # refuses a damaged folder
     differences = _differences({k: manifest.get(k) for k in recipe}, recipe)
     if differences:
         raise ConfigError(
@@ -349,6 +377,7 @@ class _ShardWriter:
         self.lengths: list[np.ndarray] = []
         self.per_example: dict[str, list[np.ndarray]] = {}
         self.files: dict[str, Any] = {}
+        self.digests: dict[str, Any] = {}  # the .bin files' sha256, updated as they are written
 
     def add(self, table: pa.Table) -> None:
         unknown = set(table.column_names) - {
@@ -376,20 +405,44 @@ class _ShardWriter:
     def _append(self, name: str, values: np.ndarray) -> None:
         if name not in self.files:
             self.files[name] = open(f"{self.prefix}.{name}.bin", "wb")  # noqa: SIM115
+            self.digests[name] = hashlib.sha256()
+        values = np.ascontiguousarray(values)
         values.tofile(self.files[name])
+        self.digests[name].update(values)
 
     def _keep(self, name: str, values: np.ndarray) -> None:
         self.per_example.setdefault(name, []).append(values)
 
-    def close(self) -> dict[str, int]:
-        for handle in self.files.values():
+    def close(self) -> dict[str, Any]:
+        """Close the shard's files; returns its counts and its files' sizes and sha256."""
+        files = {}
+        for name, handle in self.files.items():
+            files[f"{self.prefix.name}.{name}.bin"] = _file_record(
+                handle.tell(), self.digests[name]
+            )
             handle.close()
         lengths = np.concatenate(self.lengths)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
-        np.save(f"{self.prefix}.offsets.npy", _smallest_unsigned(offsets))
-        for name, parts in self.per_example.items():
-            np.save(f"{self.prefix}.{name}.npy", np.concatenate(parts))
-        return {"examples": len(lengths), "tokens": self.tokens}
+        arrays = {"offsets": _smallest_unsigned(offsets)}
+        arrays |= {name: np.concatenate(parts) for name, parts in self.per_example.items()}
+        for name, array in arrays.items():
+            path = Path(f"{self.prefix}.{name}.npy")
+            np.save(path, array)
+            files[path.name] = _file_record(path.stat().st_size, _sha256_of(path))
+        return {"examples": len(lengths), "tokens": self.tokens, "files": files}
+
+
+def _file_record(size: int, digest) -> dict[str, Any]:
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
+def _sha256_of(path: Path) -> Any:
+    """hashlib's sha256 of a file, read in 16 MB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(HASH_BLOCK_BYTES):
+            digest.update(block)
+    return digest
 
 
 def _smallest_unsigned(values: np.ndarray) -> np.ndarray:
@@ -418,34 +471,110 @@ def _segment_b_starts(table: pa.Table, lengths: np.ndarray) -> np.ndarray:
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     path = Path(folder) / MANIFEST
     if not path.is_file():
-        raise DataError(
-            f"--data {folder}: no {MANIFEST} there; make the folder with `egbert prepare`"
-        )
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if manifest.get("format") != FORMAT:
-        raise DataError(
-            f"--data {folder}: format {manifest.get('format')!r}, this egbert reads {FORMAT!r}; "
-            "prepare the folder again"
-        )
+        raise DataError(f"{folder}: no {MANIFEST} there; make the folder with `egbert prepare`")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        where = f" at line {error.lineno}" if isinstance(error, json.JSONDecodeError) else ""
+        raise DataError(f"{path}: not valid JSON{where}; {_damaged(folder)}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise DataError(f"{path}: format {found!r}, this egbert reads {FORMAT!r}; prepare it again")
     return manifest
 
 
+def _damaged(folder: str | os.PathLike) -> str:
+    return f"the folder {folder} is damaged: delete it and run `egbert prepare` again"
+
+
 class PreparedFolder:
-    """A folder of `egbert prepare`: its manifest, tokenizer and splits."""
+    """A folder of `egbert prepare`: its manifest, tokenizer and splits, checked when opened
+    (the tokenizer's files, every shard file's size and the counts: see the module doc)."""
 
     def __init__(self, folder: str | os.PathLike) -> None:
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
+        try:
+            self.family, self.seq_len = self.manifest["family"], self.manifest["seq_len"]
+            self.dtype: type[np.unsignedinteger] = np.dtype(self.manifest["dtype"]).type
+            self._check_tokenizer_files()
+            for split in self.manifest["splits"]:
+                self._check_split(split)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:  # an edited field
+            raise DataError(
+                f"{self.folder / MANIFEST}: a field is missing or malformed ({error!r}); "
+                f"{_damaged(self.folder)}"
+            ) from None
+
+    def _check_tokenizer_files(self) -> None:
+        folder = self.folder / "tokenizer"
+        if not folder.is_dir() or _files_hash(folder) != self.manifest["tokenizer"]["sha256"]:
+            raise DataError(
+                f"{folder}: not the tokenizer the examples were made with (its files are "
+                f"missing or changed); {_damaged(self.folder)}"
+            )
+
+    def _check_split(self, split: str) -> None:
+        """The split's counts against its shards', and each shard's files against both."""
+        counts = self.manifest["splits"][split]
+        shards = counts["shards"]
+        for key in ("examples", "tokens"):
+            total = sum(shard[key] for shard in shards)
+            if counts[key] != total:
+                raise DataError(
+                    f"{self.folder / MANIFEST}: {split} has {counts[key]:,} {key}, its shards "
+                    f"{total:,}; {_damaged(self.folder)}"
+                )
+        for index, shard in enumerate(shards):
+            for name, record in shard.get("files", {}).items():
+                _check_size(self.folder / split / name, record["bytes"], self.folder)
+            self._check_shard_counts(self.folder / split / f"{index:05d}", shard)
+
+    def _check_shard_counts(self, prefix: Path, shard: dict[str, int]) -> None:
+        """The shard's files hold as many tokens and examples as the manifest says (what a
+        folder written before the files were recorded is checked by)."""
+        examples, tokens = shard["examples"], shard["tokens"]
+        options = self.manifest["options"]
+        item = np.dtype(self.dtype).itemsize
+        _check_size(Path(f"{prefix}.input_ids.bin"), tokens * item, self.folder)
+        if options.get("dupe_factor", 1) > 1:  # bert's static masks: int32 labels
+            _check_size(Path(f"{prefix}.labels.bin"), tokens * 4, self.folder)
+        per_example = ["segment_b_start", "next_sentence_label"] if options.get("nsp") else []
+        for name, length in (("offsets", examples + 1), *((n, examples) for n in per_example)):
+            path = Path(f"{prefix}.{name}.npy")
+            array = _load_npy(path, self.folder)
+            if array.shape != (length,) or (name == "offsets" and int(array[-1]) != tokens):
+                raise DataError(
+                    f"{path}: {array.size:,} entries, where the manifest's {examples:,} examples "
+                    f"and {tokens:,} tokens need {length:,}; {_damaged(self.folder)}"
+                )
+
+    def verify_checksums(self) -> int:
+        """Hash every shard file and compare with the manifest; returns how many were checked.
+        A folder prepared before the hashes were recorded is refused: it has none to check."""
+        checked = 0
+        for split, counts in self.manifest["splits"].items():
+            for shard in counts["shards"]:
+                if "files" not in shard:  # prepared before the hashes were recorded
+                    raise DataError(
+                        f"{self.folder / MANIFEST} records no checksums (an older egbert wrote "
+                        "it); to verify every byte, delete the folder and prepare it again"
+                    )
+                for name, record in shard["files"].items():
+                    path = self.folder / split / name
+                    if _sha256_of(path).hexdigest() != record.get("sha256"):
+                        raise DataError(
+                            f"{path}: its sha256 is not the one the manifest records (the file "
+                            f"changed after `egbert prepare` wrote it); {_damaged(self.folder)}"
+                        )
+                    checked += 1
+        return checked
 
     def has_split(self, split: str) -> bool:
         return split in self.manifest["splits"]
 
     def examples(self, split: str) -> PreparedExamples:
         return PreparedExamples(self.folder / split, self.manifest["splits"][split], self.dtype)
-
-    @property
-    def dtype(self) -> type[np.unsignedinteger]:
-        return np.dtype(self.manifest["dtype"]).type
 
     def identity(self) -> dict[str, str]:
         """What a resumed run must find again: the folder and its manifest's hash."""
@@ -463,13 +592,13 @@ class PreparedFolder:
                 f"--data {self.folder} holds the training and validation examples; leave out "
                 f"{', '.join(given)}, --dataset and --streaming"
             )
-        if args.model != self.manifest["family"]:
+        if args.model != self.family:
             raise ConfigError(
-                f"--data {self.folder} holds {self.manifest['family']} examples, not "
-                f"{args.model}; pass --model {self.manifest['family']} or prepare it again"
+                f"--data {self.folder} holds {self.family} examples, not {args.model}; pass "
+                f"--model {self.family} or prepare it again"
             )
         wanted = {"seq_len": args.seq_len, **example_options(args)}
-        held = {"seq_len": self.manifest["seq_len"]}
+        held = {"seq_len": self.seq_len}
         held |= {k: v for k, v in self.manifest["options"].items() if k != "seed"}
         differences = [
             f"{name} {held.get(name, '(unset)')} there, {wanted.get(name, '(unset)')} here"
@@ -492,6 +621,24 @@ class PreparedFolder:
                 f"(sha256 {expected[:12]}...); leave --tokenizer out to use the folder's"
             )
         return tokenizer
+
+
+def _check_size(path: Path, expected: int, folder: Path) -> None:
+    size = path.stat().st_size if path.is_file() else None
+    if size != expected:
+        found = (
+            "missing" if size is None else f"{size:,} bytes, where the manifest says {expected:,}"
+        )
+        raise DataError(f"{path}: {found}; {_damaged(folder)}")
+
+
+def _load_npy(path: Path, folder: Path) -> np.ndarray:
+    """A shard's .npy, memory-mapped (only its header is read here)."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except (ValueError, OSError) as error:
+        found = "missing" if not path.is_file() else f"not a readable .npy ({error})"
+        raise DataError(f"{path}: {found}; {_damaged(folder)}") from None
 
 
 def folder_for_run(args: PretrainArguments) -> PreparedFolder:

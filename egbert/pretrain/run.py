@@ -33,8 +33,13 @@ from datasets import Dataset, IterableDataset
 from torch.utils.data import Subset
 from transformers import PreTrainedModel
 
-from egbert.arguments import arguments_from_options, parse_args
-from egbert.checkpoints import load_pretrained, read_model_config
+from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
+from egbert.checkpoints import (
+    checkpoint_to_resume,
+    load_pretrained,
+    read_model_config,
+    refuse_changed_run,
+)
 from egbert.config import (
     MODEL_FAMILIES,
     PretrainArguments,
@@ -104,7 +109,15 @@ def parse_pretrain_args(argv: list[str] | None) -> tuple[PretrainArguments, Trai
     """`egbert pretrain`'s options: the command line over the --config file over the family's
     recipe, parsed once."""
     types = (PretrainArguments, TrainingArguments)
-    return parse_args(types, argv, "egbert pretrain", DESCRIPTION, recipe=pretraining_recipe)
+    return parse_args(
+        types,
+        argv,
+        "egbert pretrain",
+        DESCRIPTION,
+        recipe=pretraining_recipe,
+        recipe_choices={"model": MODEL_FAMILIES},
+        hints=SCRIPT_HINTS,
+    )
 
 
 def model_flops_per_token(model: PreTrainedModel, args: PretrainArguments) -> Callable | None:
@@ -126,6 +139,8 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
     set_seed(training_args.seed)  # the model's initial weights
     model, preset = build_model(args, tokenizer)
     check_vocab_matches(tokenizer, model.config.vocab_size, f"the {args.model} model")
+    identity = run_config(args, preset, tokenizer, folder)
+    check_resume_before_data(identity, training_args)
     eval_set, eval_collator = None, None
     if folder:  # tokenized once by `egbert prepare`: read from its memory-mapped shards
         train_set = folder.examples("train")
@@ -145,6 +160,8 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
             eval_set, eval_collator = examples_from_documents(
                 args, tokenizer, eval_documents, training_args.seed
             )
+    if args.max_train_samples is not None:
+        train_set = first_examples(train_set, args.max_train_samples)
     if eval_set is not None and args.max_eval_samples is not None:
         eval_set = first_examples(eval_set, args.max_eval_samples)
     batch_metrics, finalize_metrics = EVAL_METRICS["rtd" if args.objective == "rtd" else args.model]
@@ -157,7 +174,7 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
         eval_collator=eval_collator,
         batch_metrics=batch_metrics,
         finalize_metrics=finalize_metrics,
-        run_config=run_config(args, preset, tokenizer, folder),
+        run_config=identity,
         tokenizer=tokenizer_for_model(tokenizer, model.config, args.seq_len),
         card=ModelCardInfo(
             pipeline_tag=PIPELINE_TAGS[args.model],
@@ -182,6 +199,18 @@ def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> Train
             flush=True,
         )
     return result
+
+
+def check_resume_before_data(identity: dict[str, Any], training_args: TrainingArguments) -> None:
+    """A resumed run that changed an option is refused before its corpus is tokenized (the
+    trainer checks the whole run config again: the number of processes too)."""
+    output_dir = Path(training_args.output_dir)
+    named = training_args.resume_from_checkpoint
+    checkpoint = checkpoint_to_resume(output_dir, training_args.resume, named)
+    if checkpoint is not None:
+        options = {**identity["options"], **asdict(training_args)}
+        current = {**identity, "options": options}
+        refuse_changed_run(checkpoint, current, training_args.resume_anyway, parts=True)
 
 
 # ---------------------------------------------------------------- model

@@ -15,9 +15,10 @@ Every source becomes a `datasets` data set of documents, one row each, in one co
         a Hub data set, a local data set folder (its files, as `datasets.load_dataset(path)`
         reads them) or a `save_to_disk` folder; each non-empty row is a document.
     load_documents(paths, dataset=None, ..., weights=None, streaming=False)
-        what `egbert pretrain` trains on: local paths by extension (.txt and other text, .jsonl
-        .json .csv .parquet, a data set folder) and a Hub data set, concatenated, or with
-        `weights` mixed by `datasets.interleave_datasets`.
+        what `egbert pretrain` trains on and `egbert tokenizer train` learns from: local paths
+        by extension (.txt and other text, .jsonl .json .csv .parquet, a data set folder) and
+        a Hub data set, concatenated, or with `weights` mixed by `datasets.interleave_datasets`
+        (load_sources and mix_sources, its two halves; text_batches reads one source through).
     split_validation(documents, percentage) -> (train, validation)
         a held-out share of the documents, chosen by a hash of each document's text.
 
@@ -29,23 +30,30 @@ DataError naming the file and the fix.
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import hashlib
 import importlib.util
 import io
+import json
+import logging
 import lzma
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import datasets
+import pyarrow.parquet as pq
 from datasets import Dataset, Features, IterableDataset, Value
 from datasets.exceptions import DatasetGenerationError
+from datasets.table import CastError
 
 from egbert.errors import ConfigError, DataError, EgbertError
-from egbert.tokenizer import check_encoding
 
 DOC_BOUNDARIES = ("blank", "wikitext", "line", "file")
+DECODE_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
 TEXT_FEATURES = Features({"text": Value("string")})
 # Streamed text files are cut into ranges of this many bytes: a 1 GB file gives 64 shards, enough
 # for a node of 8 processes x 8 loader workers; WikiText-2's 11 MB stay one shard.
@@ -63,6 +71,22 @@ HOLDOUT_BUCKETS = 10_000
 
 
 # ---------------------------------------------------------------- text files
+
+
+def check_encoding(encoding: str, errors: str = "strict") -> None:
+    """ConfigError unless `encoding` is a text encoding Python knows and `errors` one of
+    DECODE_ERRORS."""
+    try:
+        b"a".decode(encoding, "ignore")  # also refuses codecs of no text (base64, rot13)
+    except LookupError:
+        raise ConfigError(
+            f"unknown --encoding {encoding!r}; use a text encoding such as utf-8 or latin-1"
+        ) from None
+    # Not surrogateescape & co: their lone surrogates are no valid text to store or tokenize.
+    if errors not in DECODE_ERRORS:
+        raise ConfigError(
+            f"unknown --encoding-errors {errors!r}; use one of {', '.join(DECODE_ERRORS)}"
+        )
 
 
 def read_documents(
@@ -286,16 +310,24 @@ def load_hub_documents(
     if _is_saved_dataset(Path(name)):
         return _saved_documents(Path(name), text_column, split, streaming)
     try:
-        loaded = datasets.load_dataset(name, config_name, split=split, streaming=streaming)
+        with quiet_table_readers():
+            loaded = datasets.load_dataset(name, config_name, split=split, streaming=streaming)
     except ConnectionError:
         raise DataError(
             f"could not reach the hub for data set {name!r} (offline?); pass local text files "
             "with --train-files instead"
         ) from None
     except FileNotFoundError:
+        if Path(name).is_dir():
+            raise DataError(
+                f"{name}: a folder with no data files `datasets` reads (.parquet, .jsonl, .csv, "
+                ".txt, ...) and no save_to_disk data set; pass its files instead"
+            ) from None
         raise DataError(
             f"no data set {name!r} on the hub or on disk; check the name or pass local text files"
         ) from None
+    except DatasetGenerationError as error:  # a local folder whose files are not one table
+        raise read_error(name, error) from None
     except ValueError as error:  # an unknown split or config
         raise DataError(f"data set {name!r}: {error}") from None
     return _text_documents(loaded, name, text_column)
@@ -328,18 +360,93 @@ def _table_documents(
     builder = TABLE_BUILDERS[_table_suffix(files[0])]
     for path in files:
         _check_zstandard(path)
+        if _only_whitespace(path):
+            raise DataError(f"{path}: only blank lines, no rows; pass a file with rows in it")
     data_files = [str(path) for path in files]
     try:
-        loaded = datasets.load_dataset(
-            builder, data_files=data_files, split="train", streaming=streaming
-        )
+        with quiet_table_readers():
+            loaded = datasets.load_dataset(
+                builder, data_files=data_files, split="train", streaming=streaming
+            )
     except (DatasetGenerationError, ValueError) as error:
-        cause = error.__cause__ or error
-        reason = (str(cause).splitlines() or [type(cause).__name__])[0][:200]
-        raise DataError(
-            f"{files[0]}: not readable as {builder} ({reason}); check the file or its extension"
-        ) from None
+        raise read_error(files, error) from None
     return _text_documents(loaded, str(files[0]), text_column)
+
+
+def _only_whitespace(path: Path) -> bool:
+    """An uncompressed file of blank lines (`datasets` reads it as no split at all)."""
+    if path.suffix in COMPRESSIONS:
+        return False
+    with path.open("rb") as handle:
+        while block := handle.read(2**20):
+            if block.strip():
+                return False
+    return True
+
+
+@contextlib.contextmanager
+def quiet_table_readers() -> Iterator[None]:
+    """Keep `datasets`' table builders from logging a file's read error on stderr: the error
+    reaches the user once, as egbert's one line (`read_error`)."""
+    logger = logging.getLogger("datasets.packaged_modules")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def read_error(source: object, error: BaseException) -> DataError:
+    """The one-line error of a source `datasets` failed to read: the file and line of a row of
+    JSON lines that is not JSON, the parquet file that is not one, else the reader's reason."""
+    files = [Path(f) for f in source] if isinstance(source, (list, tuple)) else [Path(str(source))]
+    for path in files:
+        found = _first_unreadable(path)
+        if found:
+            return DataError(f"{found}; fix or remove it")
+    cause = error.__cause__ or error
+    if isinstance(cause, CastError):
+        reason = "its files or rows do not share one table's columns"
+    else:
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+    what = " ".join(map(str, files))
+    kind = "a data set" if files[0].is_dir() else TABLE_BUILDERS.get(_table_suffix(files[0]) or "")
+    return DataError(
+        f"{what}: not readable as {kind or 'a data set'} ({reason}); check the file(s), or "
+        "pass a save_to_disk folder, a folder of one table's files, or the corpus files"
+    )
+
+
+def _first_unreadable(path: Path) -> str | None:
+    """`FILE:LINE: what is wrong` for the first bad line of a JSON lines file, `FILE: what`
+    for a parquet file without a readable footer; None where neither is found."""
+    suffix = _table_suffix(path) if path.is_file() else None
+    if suffix == ".parquet":
+        try:
+            pq.read_metadata(path)
+        except Exception as error:  # pyarrow's ArrowInvalid, OSError
+            return f"{path}: not a readable parquet file ({str(error).splitlines()[0][:200]})"
+    if suffix == ".json":  # one JSON document, or JSON lines (its second value "Extra data")
+        with _open_binary(str(path)) as handle:
+            try:
+                json.loads(handle.read())
+                return None
+            except json.JSONDecodeError as error:
+                if error.msg != "Extra data":
+                    return f"{path}:{error.lineno}: not valid JSON ({error.msg})"
+            except ValueError:  # not UTF-8: the lines say where
+                pass
+    if suffix in (".jsonl", ".json"):
+        with _open_binary(str(path)) as handle:
+            for number, line in enumerate(handle, start=1):
+                try:
+                    if line.strip():
+                        json.loads(line)
+                except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+                    reason = getattr(error, "msg", None) or str(error)
+                    return f"{path}:{number}: not a JSON object ({reason})"
+    return None
 
 
 def _text_documents(
@@ -358,22 +465,28 @@ def _text_documents(
 def _text_column(loaded: Dataset | IterableDataset, source: str, named: str | None) -> str:
     features = loaded.features
     if features is None:  # some streamed data sets: their first row tells
-        features = Features.from_arrow_schema(
-            datasets.Dataset.from_list([next(iter(loaded))]).data.schema
-        )
+        with reading(source):
+            first = next(iter(loaded), {})
+        features = Features.from_arrow_schema(datasets.Dataset.from_list([first]).data.schema)
     columns = list(features)
+    strings = [
+        name
+        for name, feature in features.items()
+        if isinstance(feature, Value) and feature.dtype in ("string", "large_string")
+    ]
     if named is not None:
         if named not in columns:
             raise DataError(
                 f"{source}: no column {named!r}; its columns are {', '.join(columns)}: pass "
                 "one with --text-column"
             )
+        if named not in strings:
+            kind = getattr(features[named], "dtype", type(features[named]).__name__)
+            raise DataError(
+                f"{source}: column {named!r} holds {kind}, not text; pass a text column with "
+                f"--text-column ({', '.join(strings) or 'it has none'})"
+            )
         return named
-    strings = [
-        name
-        for name, feature in features.items()
-        if isinstance(feature, Value) and feature.dtype in ("string", "large_string")
-    ]
     if len(strings) == 1:
         return strings[0]
     for name in TEXT_COLUMN_NAMES:
@@ -393,6 +506,24 @@ def _has_text(batch: dict[str, list]) -> list[bool]:
 
 
 def load_documents(
+    paths: Sequence[str | os.PathLike] = (), *, seed: int = 0, **options: Any
+) -> Dataset | IterableDataset:
+    """The documents of local paths (by extension; see the module doc) and a Hub data set
+    (`options`: load_sources' dataset, dataset_config, split, text_column, weights,
+    doc_boundary, encoding, errors, streaming).
+
+    Without `weights` the sources follow one another (text files of one kind read together, so
+    that a stream has one shard per file or byte range). With `weights`, one per source (each
+    path, then the data set), each document comes from a source drawn with probability
+    weight / sum(weights) (`datasets.interleave_datasets`, seeded; MIX_STOPPING_STRATEGY).
+    """
+    named = load_sources(paths, **options)
+    for documents, source in named:
+        _check_not_empty(documents, source)
+    return mix_sources([documents for documents, _ in named], options.get("weights"), seed)
+
+
+def load_sources(
     paths: Sequence[str | os.PathLike] = (),
     *,
     dataset: str | None = None,
@@ -404,15 +535,9 @@ def load_documents(
     encoding: str = "utf-8",
     errors: str = "strict",
     streaming: bool = False,
-    seed: int = 0,
-) -> Dataset | IterableDataset:
-    """The documents of local paths (by extension; see the module doc) and a Hub data set.
-
-    Without `weights` the sources follow one another (text files of one kind read together, so
-    that a stream has one shard per file or byte range). With `weights`, one per source (each
-    path, then the data set), each document comes from a source drawn with probability
-    weight / sum(weights) (`datasets.interleave_datasets`, seeded; MIX_STOPPING_STRATEGY).
-    """
+) -> list[tuple[Dataset | IterableDataset, Path | str]]:
+    """`load_documents`' sources before they are mixed: (documents, the path or data set they
+    come from) each, text files of one kind as one source unless `weights` are given."""
     sources = [Path(path) for path in paths]
     count = len(sources) + (dataset is not None)
     if count == 0:
@@ -422,19 +547,27 @@ def load_documents(
             f"--source-weights has {len(weights)} weights for {count} sources (each of "
             "--train-files, then --dataset); give one weight per source"
         )
-    if weights is not None and (min(weights) < 0 or sum(weights) <= 0):
-        raise ConfigError(f"--source-weights {list(weights)}: weights must be >= 0, not all 0")
+    # > 0: every source is read through once (MIX_STOPPING_STRATEGY), never if never drawn
+    if weights is not None and not all(math.isfinite(weight) and weight > 0 for weight in weights):
+        raise ConfigError(
+            f"--source-weights {' '.join(f'{w:g}' for w in weights)}: give finite weights > 0 "
+            "(leave out a source not to read it)"
+        )
     groups = [[path] for path in sources] if weights is not None else _same_kind_runs(sources)
     options = {"doc_boundary": doc_boundary, "encoding": encoding, "errors": errors}
-    named = [
+    named: list[tuple[Dataset | IterableDataset, Path | str]] = [
         (_local_documents(group, text_column, streaming, **options), group[0]) for group in groups
     ]
     if dataset is not None:
         hub = load_hub_documents(dataset, text_column, split, dataset_config, streaming)
         named.append((hub, dataset))
-    for documents, source in named:
-        _check_not_empty(documents, source)
-    parts = [documents for documents, _ in named]
+    return named
+
+
+def mix_sources(
+    parts: list[Dataset | IterableDataset], weights: Sequence[float] | None, seed: int = 0
+) -> Dataset | IterableDataset:
+    """The sources one after the other, or with `weights` interleaved (see load_documents)."""
     if len(parts) == 1:
         return parts[0]
     if weights is None:
@@ -504,9 +637,30 @@ def _check_not_empty(documents: Dataset | IterableDataset, source: object) -> No
     elif isinstance(source, Path) and _kind(source) == "text":
         return  # checked as they are read: an empty text file raises then, naming itself
     else:  # a stream: its first document, if any
-        empty = next(iter(documents.take(1)), None) is None
+        empty = next(text_batches(documents.take(1), source), None) is None
     if empty:
         raise DataError(f"{source}: no documents (no rows with text); pass a source with text")
+
+
+def text_batches(
+    documents: Dataset | IterableDataset, source: object, batch_size: int = 1000
+) -> Iterator[list[str]]:
+    """The documents' texts, in batches, as they are read (see `reading`)."""
+    with reading(source):
+        yield from (batch["text"] for batch in documents.iter(batch_size=batch_size))
+
+
+@contextlib.contextmanager
+def reading(source: object) -> Iterator[None]:
+    """Read from `source`: if it turns out unreadable (a corrupt table, a row that is not JSON),
+    the one-line `read_error` naming it, and nothing on stderr from `datasets`' builders."""
+    with quiet_table_readers():
+        try:
+            yield
+        except EgbertError:
+            raise
+        except Exception as error:  # pyarrow's and the table builders' own errors
+            raise read_error(source, error) from None
 
 
 # ---------------------------------------------------------------- validation
