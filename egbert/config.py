@@ -652,13 +652,8 @@ def apply_config_overrides(config, overrides: str | None) -> None:
 
 # egbert pretrain, egbert finetune, and quickstart's fine-tunes and probes. (egbert probe's and
 # prompt-eval's defaults, the same for every family, are those of run_probe and run_prompt_eval.)
-RECIPE_STAGES = (
-    "pretrain",
-    "finetune",
-    "quickstart-pretrain",
-    "quickstart-finetune",
-    "quickstart-probe",
-)
+RECIPE_STAGES = ("pretrain", "finetune")
+RECIPE_STAGES += ("quickstart-pretrain", "quickstart-finetune", "quickstart-probe")
 
 
 def load_recipe(family: str | None, stage: str) -> dict[str, Any]:
