@@ -52,7 +52,7 @@ resume_job=$!
 
 # 1. the test suite
 parallel=()
-if $python -c "import xdist" 2>/dev/null; then parallel=(-n 8); fi
+if $python -c "import xdist" 2>/dev/null; then parallel=(-n 8 --dist loadfile); fi
 start=$(date +%s)
 $python -m pytest -q -p no:cacheprovider "${parallel[@]}" tests >"$out/pytest.log" 2>&1
 code=$?
