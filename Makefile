@@ -33,8 +33,10 @@ lint: setup
 	$(BIN)/ruff check egbert tests scripts
 	$(BIN)/ruff format --check egbert tests scripts
 
+# Two pytest-xdist workers (each test process uses one thread: tests/conftest.py), each taking
+# whole test files, so that a module's fixtures are built once.
 test: lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 quickstart: setup
 	$(BIN)/egbert quickstart

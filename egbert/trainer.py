@@ -33,7 +33,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,7 @@ WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACC
 
 # torch._dynamo settings of --compile: bert's sparse MLM head selects the masked positions
 # (a size known only from the data) and elmo runs nn.LSTM, both graph breaks without these.
+# They hold only while the trainer runs the model (Trainer._compile_settings).
 COMPILE_SETTINGS = {"capture_dynamic_output_shape_ops": True, "allow_rnn": True}
 
 
@@ -200,8 +201,6 @@ class Trainer:
             # OptimizedModule wrapper, so no `_orig_mod.` in any saved name, and unwrapping gives
             # the model itself. Accelerate's dynamo plugin wraps it, and its save_state saves
             # the wrapper's names.
-            for name, value in COMPILE_SETTINGS.items():
-                setattr(torch._dynamo.config, name, value)
             self.model.compile(mode=None if args.compile_mode == "default" else args.compile_mode)
         if eval_dataset is not None and not isinstance(eval_dataset, dict):
             eval_dataset = {"": eval_dataset}
@@ -248,7 +247,10 @@ class Trainer:
     def train(self) -> TrainOutput:
         """Train (resuming if asked), then save the final model with its tokenizer and card."""
         try:
-            with stop_on_signals(lambda signum: setattr(self, "_signal_received", signum)):
+            with (
+                self._compile_settings(),
+                stop_on_signals(lambda signum: setattr(self, "_signal_received", signum)),
+            ):
                 return self._train_and_save()
         except OSError as error:  # a log, plot or the final model could not be written
             if error.errno not in WRITE_ERRNOS:
@@ -545,12 +547,20 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Each evaluation set's mean loss and metrics, over all processes; label smoothing off."""
-        return self.evaluator.evaluate()
+        with self._compile_settings():
+            return self.evaluator.evaluate()
 
     def predict(self, dataset: Dataset) -> EvalPrediction:
         """The model's logits for every example of `dataset` (in order, over all processes),
         with the labels where the dataset has them."""
-        return self.evaluator.predict(dataset)
+        with self._compile_settings():
+            return self.evaluator.predict(dataset)
+
+    def _compile_settings(self) -> AbstractContextManager:
+        """With --compile, torch._dynamo's COMPILE_SETTINGS while the model runs (dynamo traces
+        at the first call of each shape), put back as found when it stops: a later run in the
+        same process, compiled or eager, starts from the process's own settings."""
+        return torch._dynamo.config.patch(COMPILE_SETTINGS) if self.args.compile else nullcontext()
 
     def _evaluate_and_track(self) -> dict[str, float]:
         metrics = self.evaluate()

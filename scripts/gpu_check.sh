@@ -76,7 +76,7 @@ resume_job=$!
 # 1. the test suite
 if [ "$suite" = 1 ]; then
     options=(-v -rfE -p no:cacheprovider)
-    if $python -c "import xdist" 2>/dev/null; then options+=(-n 8); fi
+    if $python -c "import xdist" 2>/dev/null; then options+=(-n 8 --dist loadfile); fi
     if $python -c "import pytest_timeout" 2>/dev/null; then options+=(--timeout 300); fi
     start=$(date +%s)
     $python -m pytest "${options[@]}" tests >"$out/pytest.log" 2>&1

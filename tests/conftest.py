@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import functools
-import importlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +16,10 @@ from accelerate.state import AcceleratorState, GradientState
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One intra-op thread in each test process (`make test` runs two pytest-xdist workers) and in the
+# processes they start: on a shared 2-core machine OpenMP barriers make two threads ~20x slower.
+os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -156,99 +155,3 @@ def kill_once(command: list[str], env: dict, reached: Callable[[], bool], what: 
     process.kill()
     process.wait()
     assert process.returncode == -signal.SIGKILL
-
-
-# ---------------------------------------------------------------- option coverage
-# The options each job received, non-default, in the runs of this session that finished:
-# {command: {dataclass field or argparse dest}}. tests/test_zz_option_coverage.py, the last
-# module of the suite, fails on a command option that no test ran its job with.
-JOB_OPTIONS: dict[str, set[str]] = {}
-# The job each argparse command's main() calls once its options are checked:
-# {command: (module whose name is patched, job name, module with the command's main)}.
-ARGPARSE_JOBS = {
-    "probe": ("egbert.evaluation.probe", "run_probe", "egbert.evaluation.probe"),
-    "prompt-eval": (
-        "egbert.evaluation.prompting",
-        "run_prompt_eval",
-        "egbert.evaluation.prompting",
-    ),
-    "embed": ("egbert.embedding.extract", "embed_items", "egbert.embedding.command"),
-    "generate": ("egbert.generate", "generate", "egbert.generate"),
-}
-DATACLASS_JOBS = {"pretrain": ("egbert.pretrain.run", "pretrain")}
-DATACLASS_JOBS |= {"finetune": ("egbert.finetune.run", "finetune")}
-
-
-def _non_default_fields(*instances) -> set[str]:
-    names = set()
-    for instance in instances:
-        for spec in dataclasses.fields(instance):
-            if spec.default is not dataclasses.MISSING:
-                default = spec.default
-            elif spec.default_factory is not dataclasses.MISSING:
-                default = spec.default_factory()
-            else:  # a required option: always given
-                names.add(spec.name)
-                continue
-            if getattr(instance, spec.name) != default:
-                names.add(spec.name)
-    return names
-
-
-def _recorded_dataclass_job(command: str, job):
-    @functools.wraps(job)
-    def recorded(*args, **kwargs):
-        result = job(*args, **kwargs)
-        JOB_OPTIONS.setdefault(command, set()).update(_non_default_fields(*args))
-        return result
-
-    return recorded
-
-
-def _called_by_main(module_file: str) -> bool:
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name == "main" and frame.f_code.co_filename == module_file:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _recorded_argparse_job(command: str, job, parsed: dict, module_file: str):
-    # wraps: a command's parser reads its defaults from the job's signature
-    @functools.wraps(job)
-    def recorded(*args, **kwargs):
-        result = job(*args, **kwargs)
-        seen = parsed.pop(f"egbert {command}", None)
-        if seen is not None and _called_by_main(module_file):  # the command's, not Python's
-            parser, namespace = seen
-            names = {k for k, v in vars(namespace).items() if v != parser.get_default(k)}
-            JOB_OPTIONS.setdefault(command, set()).update(names)
-        return result
-
-    return recorded
-
-
-@pytest.fixture(scope="session", autouse=True)
-def record_job_options():
-    """Wrap each job so that a run that finishes records the options it got (see JOB_OPTIONS);
-    argparse commands' options are remembered when parsed and recorded when their job ends."""
-    parsed: dict[str, tuple] = {}
-    parse_known_args = argparse.ArgumentParser.parse_known_args
-
-    def remembered(self, args=None, namespace=None):
-        result = parse_known_args(self, args, namespace)
-        parsed[self.prog] = (self, result[0])
-        return result
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(argparse.ArgumentParser, "parse_known_args", remembered)
-        for command, (module_name, name) in DATACLASS_JOBS.items():
-            module = importlib.import_module(module_name)
-            patch.setattr(module, name, _recorded_dataclass_job(command, getattr(module, name)))
-        for command, (module_name, name, main_module) in ARGPARSE_JOBS.items():
-            module = importlib.import_module(module_name)
-            main_file = importlib.import_module(main_module).__file__
-            job = _recorded_argparse_job(command, getattr(module, name), parsed, main_file)
-            patch.setattr(module, name, job)
-        yield

@@ -1,12 +1,16 @@
-"""--compile end to end, and a compiled forward of each family without a graph break."""
+"""--compile end to end, a compiled forward of each family without a graph break, and a compiled
+run that leaves the process as it found it."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from egbert import (
     EgbertBertConfig,
@@ -16,6 +20,7 @@ from egbert import (
     EgbertGPTConfig,
     EgbertGPTForCausalLM,
 )
+from egbert.cli import main as cli_main
 from egbert.pretrain.run import main
 from egbert.trainer import COMPILE_SETTINGS
 
@@ -116,3 +121,34 @@ def test_compile_trains_saves_plain_names_and_resumes(
     assert [record["step"] for record in train] == [2, 4, 6]
     assert all(record["tokens_per_s"] > 0 and record["mfu"] > 0 for record in train)
     assert files_naming(out, b"_orig_mod") == []
+
+
+def test_a_compiled_run_leaves_the_process_as_it_found_it(
+    tiny_egbert_bert_dir, micro_data, tmp_path, subprocess_env
+):
+    """A compiled fine-tune, then an eager one in this process: torch._dynamo's settings are
+    as they were before, and the eager run's weights equal those of the same run in a fresh
+    process (fp32 CPU, one thread, within 1e-6). torch's own per-graph backend override turns
+    the trainer's real torch.compile call into aot_eager: traced alike, without inductor's
+    minutes of code generation."""
+    argv = [
+        "finetune", "--task", "rte", "--model", str(tiny_egbert_bert_dir),
+        "--data-dir", str(micro_data / "glue"), "--max-seq-length", "32", "--batch-size", "8",
+        "--epochs", "2", "--lr", "1e-3", "--seed", "5", "--report-to", "none",
+    ]  # fmt: skip
+    found = torch._dynamo.config.get_config_copy()
+    with torch._dynamo.config.patch(debug_backend_override=">=0:aot_eager"):
+        cli_main([*argv, "--compile", "--output-dir", str(tmp_path / "compiled")])
+    compiled = json.loads((tmp_path / "compiled" / "train_results.json").read_text())
+    assert compiled["compile_seconds"] > 0
+    now = torch._dynamo.config.get_config_copy()
+    assert {name: value for name, value in now.items() if value != found[name]} == {}
+
+    cli_main([*argv, "--output-dir", str(tmp_path / "eager")])
+    fresh = [sys.executable, "-m", "egbert.cli", *argv, "--output-dir", str(tmp_path / "fresh")]
+    subprocess.run(fresh, env=subprocess_env, check=True, capture_output=True)
+    fresh_weights = load_file(tmp_path / "fresh" / "model" / "model.safetensors")
+    eager_weights = load_file(tmp_path / "eager" / "model" / "model.safetensors")
+    assert eager_weights.keys() == fresh_weights.keys()
+    for name, tensor in fresh_weights.items():
+        torch.testing.assert_close(eager_weights[name], tensor, atol=1e-6, rtol=0)

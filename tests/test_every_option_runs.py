@@ -1,6 +1,6 @@
 """Each option of pretrain, finetune, probe, prompt-eval, embed and generate that no other test
 runs with a non-default value, run here through its command or the job's Python API, many
-options to a run, on tiny data (tests/test_zz_option_coverage.py checks that none is left)."""
+options to a run, on tiny data."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Prepared folders (`egbert prepare`, `pretrain --data DIR`): the examples read back equal
-those pretrain builds in memory, the token dtype, refusals on a mismatch, two processes and a
-SIGKILL + resume from a folder."""
+those pretrain builds in memory, the token dtype, refusals on a mismatch, and a SIGKILL + resume
+from a folder (two processes on a folder: tests/test_torchrun.py)."""
 
 from __future__ import annotations
 
@@ -216,30 +216,6 @@ def test_pretrain_from_a_folder_equals_pretrain_from_the_files(
     second = load_file(tmp_path / "prepared/model/model.safetensors")
     for name, tensor in first.items():
         torch.testing.assert_close(second[name], tensor, atol=1e-6, rtol=0)
-
-
-def test_two_processes_on_a_folder_match_one_process_with_double_batch(
-    corpus, tiny_tokenizer_dir, tmp_path, subprocess_env
-):
-    # Two CPU processes (gloo) started fresh by torchrun, on the CPU even where a GPU is there
-    # (both would share it).
-    folder = tmp_path / "gpt"
-    egbert.prepare_corpus(**options("gpt", tiny_tokenizer_dir, corpus), output_dir=str(folder))
-    argv = ["pretrain", "--model", "gpt", "--data", str(folder), "--seq-len", "32", "--use-cpu"]
-    argv += ["--max-steps", "4", "--log-every", "1", "--report-to", "none"]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    command += ["2", "-m", "egbert.cli", *argv, "--batch-size", "4"]
-    command += ["--output-dir", str(tmp_path / "two")]
-    env = {**subprocess_env, "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    cli_main([*argv, "--batch-size", "8", "--output-dir", str(tmp_path / "one")])
-    losses = {
-        run: [record["loss"] for record in split_records(tmp_path / run, "train")]
-        for run in ("one", "two")
-    }
-    assert len(losses["two"]) == 4
-    assert losses["two"] == pytest.approx(losses["one"], abs=1e-5)
 
 
 def test_sigkill_then_resume_from_a_folder_equals_a_clean_run(

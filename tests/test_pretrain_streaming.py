@@ -1,6 +1,6 @@
 """Streamed pretraining through the trainer: each family for --max-steps and --budget-minutes,
-each process's own shards, resume from the stream's saved state (bit-identical without a
-shuffle buffer), and the options a stream refuses."""
+each process's own shards (under torchrun: tests/test_torchrun.py), resume from the stream's saved
+state (bit-identical without a shuffle buffer), and the options a stream refuses."""
 
 from __future__ import annotations
 
@@ -104,33 +104,6 @@ def test_two_processes_read_disjoint_shards_and_together_every_example_once(tmp_
         assert not set(seen[0]) & set(seen[1])
         assert sorted(seen[0] + seen[1]) == sorted(documents)
         assert abs(len(seen[0]) - len(seen[1])) <= 30  # shares, not one process reading all
-
-
-def test_two_processes_under_torchrun_each_save_their_stream_position(
-    tmp_path, tiny_tokenizer_dir, wikitext_slice, subprocess_env
-):
-    lines = wikitext_slice.read_text(encoding="utf-8").splitlines(keepends=True)
-    files = []
-    for index in range(2):
-        files.append(tmp_path / f"half{index}.tokens")
-        files[-1].write_text("".join(lines[index * 1500 : (index + 1) * 1500]), encoding="utf-8")
-    out = tmp_path / "run"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "-m", "egbert.cli", "pretrain", "--model", "gpt", "--tokenizer", str(tiny_tokenizer_dir),
-        "--train-files", *map(str, files), "--doc-boundary", "wikitext", "--streaming",
-        "--max-steps", "3", "--seq-len", "32", "--batch-size", "4", "--output-dir", str(out),
-        "--use-cpu", "true",
-    ]  # fmt: skip
-    run = subprocess.run(command, env=subprocess_env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "training on 2 process(es)" in (out / "train.log").read_text()
-    positions = [
-        json.loads((out / "checkpoints/step-3" / f"stream_position_{rank}.json").read_text())
-        for rank in (0, 1)
-    ]
-    # each process is 12 blocks into its own file (shard), not into a shared one
-    assert positions[0] != positions[1]
 
 
 # ---------------------------------------------------------------- resume

@@ -1,9 +1,13 @@
-"""`egbert pretrain` and `egbert finetune` under `torchrun --nproc-per-node 2` on the CPU: the
-run's files are written once, and the result equals one process with the double batch.
+"""Every two-process guarantee from one `torchrun --nproc-per-node 2` launch on the CPU:
+`egbert pretrain` on text files and on a prepared folder, and `egbert finetune`, each equal one
+process with the double batch and write the run's files once; a streamed pretrain reads a shard of
+its own in each process and saves each process's stream position.
 
-On purpose on the CPU (gloo) even where a GPU is there, since both processes would share it; a
-fresh interpreter inherits no CUDA state. The one process they are held against trains on the CPU
-too: a GPU's kernels sum in other orders, and the comparison is to 1e-5."""
+The launch runs these jobs one after the other in the same two processes (run as a script, this
+file does that): two fresh interpreters and a launcher cost more than the jobs themselves. On
+purpose on the CPU (gloo) even where a GPU is there, since both processes would share it; a fresh
+interpreter inherits no CUDA state. The one process they are held against trains on the CPU too:
+a GPU's kernels sum in other orders, and the comparison is to 1e-5."""
 
 from __future__ import annotations
 
@@ -14,26 +18,71 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState, GradientState, PartialState
 from safetensors.torch import load_file
 
+import egbert
 from egbert import run_finetuning, run_pretraining
+from egbert.cli import main as cli_main
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 
+PRETRAIN = {"model": "gpt", "seq_len": 32, "max_steps": 4, "log_every": 1, "report_to": ["none"]}
+FINETUNE = {"task": "rte", "max_seq_length": 32, "lr": 1e-3, "epochs": 2, "log_every": 1}
+FINETUNE |= {"report_to": ["none"], "warmup_steps": 0}
+FINETUNE |= {"config_overrides": "hidden_dropout_prob=0,attention_probs_dropout_prob=0"}
 
-def torchrun(command: str, argv: list[str], env: dict[str, str]) -> str:
+
+def command_line(command: str, options: dict) -> list[str]:
+    argv = [command]
+    for name, value in options.items():
+        values = value if isinstance(value, list) else [value]
+        argv += [f"--{name.replace('_', '-')}", *map(str, values)]
+    return argv
+
+
+def lines_of(path: Path, start: int, stop: int) -> str:
+    return "".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[start:stop])
+
+
+@pytest.fixture(scope="module")
+def launch(
+    wikitext_slice, tiny_tokenizer_dir, tiny_egbert_bert_dir, micro_data, subprocess_env,
+    tmp_path_factory,
+):  # fmt: skip
+    """Each job's options (without batch size and output folder), the launch's stdout, and the
+    folder under which each job's two-process run wrote its output (named by the job)."""
+    root = tmp_path_factory.mktemp("torchrun")
+    slices = {"train": (0, 200), "valid": (600, 800), "half0": (0, 1500), "half1": (1500, 3000)}
+    for name, (start, stop) in slices.items():
+        (root / f"{name}.tokens").write_text(lines_of(wikitext_slice, start, stop), "utf-8")
+    text = {"tokenizer": str(tiny_tokenizer_dir), "doc_boundary": "wikitext"}
+    egbert.prepare_corpus(
+        **text, model="gpt", seq_len=32, train_files=[str(root / "train.tokens")],
+        validation_files=[str(root / "valid.tokens")], output_dir=str(root / "prepared"),
+    )  # fmt: skip
+    halves = [str(root / "half0.tokens"), str(root / "half1.tokens")]
+    files = {**PRETRAIN, **text, "train_files": [str(root / "train.tokens")], "save_every": 2}
+    tiny_bert = {"model": str(tiny_egbert_bert_dir), "data_dir": str(micro_data / "glue")}
+    stream = {**PRETRAIN, **text, "train_files": halves, "streaming": True, "max_steps": 3}
+    jobs = {
+        "files": ("pretrain", files),
+        "finetune": ("finetune", {**FINETUNE, **tiny_bert}),
+        "folder": ("pretrain", {**PRETRAIN, "data": str(root / "prepared")}),
+        "stream": ("pretrain", stream),
+    }
+    argvs = [
+        command_line(command, {**options, "batch_size": 4, "output_dir": str(root / name)})
+        + ["--use-cpu", "true"]
+        for name, (command, options) in jobs.items()
+    ]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    launcher += ["--nproc-per-node", "2", "-m", "egbert.cli", command, *argv, "--use-cpu"]
-    run = subprocess.run(
-        launcher,
-        env={**env, "CUDA_VISIBLE_DEVICES": ""},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    launcher += ["--nproc-per-node", "2", __file__, json.dumps(argvs)]
+    env = {**subprocess_env, "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run(launcher, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    assert "training on 2 process(es)" in run.stdout + run.stderr
-    return run.stdout
+    options = {name: options for name, (_, options) in jobs.items()}
+    return {"root": root, "jobs": options, "stdout": run.stdout}
 
 
 def train_losses(out: Path) -> list[float]:
@@ -48,53 +97,64 @@ def assert_same_weights(first: Path, second: Path) -> None:
         torch.testing.assert_close(two[name], tensor, atol=1e-5, rtol=0)
 
 
-def test_pretrain_on_two_processes_equals_one_with_the_double_batch(
-    wikitext_slice, tiny_tokenizer_dir, tmp_path, subprocess_env
-):
-    train = tmp_path / "train.tokens"
-    lines = wikitext_slice.read_text(encoding="utf-8").splitlines(keepends=True)
-    train.write_text("".join(lines[:200]), encoding="utf-8")
-    options = {"model": "gpt", "tokenizer": str(tiny_tokenizer_dir), "train_files": [str(train)]}
-    options |= {"doc_boundary": "wikitext", "seq_len": 32, "max_steps": 4, "log_every": 1}
-    options |= {"report_to": ["none"], "save_every": 2}
-    argv = []
-    for name, value in {**options, "batch_size": 4, "output_dir": str(tmp_path / "two")}.items():
-        values = value if isinstance(value, list) else [value]
-        argv += [f"--{name.replace('_', '-')}", *map(str, values)]
-    stdout = torchrun("pretrain", argv, subprocess_env)
-    run_pretraining(**options, batch_size=8, output_dir=str(tmp_path / "one"), use_cpu=True)
-    two, one = tmp_path / "two", tmp_path / "one"
-    assert stdout.count("egbert: gpt pretrained for 4 steps") == 1  # the main process only
+def assert_trained_once_on_two_processes(out: Path) -> None:
+    log = (out / "train.log").read_text(encoding="utf-8")
+    assert log.count("egbert: training on 2 process(es)") == 1  # the main process only
+
+
+def test_pretrain_on_two_processes_equals_one_with_the_double_batch(launch, tmp_path):
+    two, one = launch["root"] / "files", tmp_path / "one"
+    run_pretraining(**launch["jobs"]["files"], batch_size=8, output_dir=str(one), use_cpu=True)
+    assert launch["stdout"].count(f"model saved in {two / 'model'}") == 1  # the main process's
+    assert_trained_once_on_two_processes(two)
     assert len(train_losses(two)) == 4  # each record once
     assert train_losses(two) == pytest.approx(train_losses(one), abs=1e-5)
     assert_same_weights(one / "model", two / "model")
     assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["step-2", "step-4"]
-    log = (two / "train.log").read_text(encoding="utf-8")
-    assert log.count("egbert: training on 2 process(es)") == 1
 
 
-def test_finetune_on_two_processes_equals_one_with_the_double_batch(
-    tiny_egbert_bert_dir, micro_data, tmp_path, subprocess_env
-):
-    options = {
-        "task": "rte",
-        "model": str(tiny_egbert_bert_dir),
-        "data_dir": str(micro_data / "glue"),
-    }
-    options |= {"max_seq_length": 32, "lr": 1e-3, "epochs": 2, "log_every": 1}
-    options |= {"report_to": ["none"], "warmup_steps": 0}
-    options |= {"config_overrides": "hidden_dropout_prob=0,attention_probs_dropout_prob=0"}
-    argv = []
-    for name, value in {**options, "batch_size": 4, "output_dir": str(tmp_path / "two")}.items():
-        values = value if isinstance(value, list) else [value]
-        argv += [f"--{name.replace('_', '-')}", *map(str, values)]
-    stdout = torchrun("finetune", argv, subprocess_env)
+def test_finetune_on_two_processes_equals_one_with_the_double_batch(launch, tmp_path):
+    two, one = launch["root"] / "finetune", tmp_path / "one"
     one_result = run_finetuning(
-        **options, batch_size=8, output_dir=str(tmp_path / "one"), use_cpu=True
+        **launch["jobs"]["finetune"], batch_size=8, output_dir=str(one), use_cpu=True
     )
-    two, one = tmp_path / "two", tmp_path / "one"
-    assert stdout.count("egbert finetune: rte ->") == 1 and stdout.count("| rte |") == 1
+    assert launch["stdout"].count(f"egbert finetune: rte -> {two}") == 1
+    assert launch["stdout"].count("| rte |") == 1
+    assert_trained_once_on_two_processes(two)
     assert train_losses(two) == pytest.approx(train_losses(one), abs=1e-5)
     assert_same_weights(one / "model", two / "model")
     results = json.loads((two / "eval_results.json").read_text(encoding="utf-8"))
     assert results["score"] == pytest.approx(one_result.results[0]["score"])
+
+
+def test_pretrain_on_a_folder_on_two_processes_equals_one_with_the_double_batch(launch, tmp_path):
+    two, one = launch["root"] / "folder", tmp_path / "one"
+    argv = command_line("pretrain", {**launch["jobs"]["folder"], "batch_size": 8})
+    cli_main([*argv, "--use-cpu", "true", "--output-dir", str(one)])
+    assert_trained_once_on_two_processes(two)
+    assert len(train_losses(two)) == 4
+    assert train_losses(two) == pytest.approx(train_losses(one), abs=1e-5)
+
+
+def test_a_stream_on_two_processes_saves_each_ones_position(launch):
+    out = launch["root"] / "stream"
+    assert_trained_once_on_two_processes(out)
+    positions = [
+        json.loads((out / "checkpoints/step-3" / f"stream_position_{rank}.json").read_text())
+        for rank in (0, 1)
+    ]
+    # each process is 12 blocks into its own file (shard), not into a shared one
+    assert positions[0] != positions[1]
+
+
+if __name__ == "__main__":  # under torchrun: the jobs one after the other, in one process group
+    # Each job's Accelerator ends the process group when its training ends, and gloo cannot
+    # start it again on the launcher's store (the first group's rendezvous keys are taken): it
+    # ends once, after the last job.
+    end_process_group = PartialState.destroy_process_group
+    PartialState.destroy_process_group = lambda self, group=None: None
+    for argv in json.loads(sys.argv[1]):
+        cli_main(argv)
+        AcceleratorState._reset_state()  # the next job's Accelerator sets its own options
+        GradientState._reset_state()
+    end_process_group(PartialState())

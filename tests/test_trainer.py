@@ -486,31 +486,6 @@ def test_training_time_counts_the_updates_but_not_evaluation(tmp_path):
     assert 5 * 0.1 <= result.elapsed_seconds < 5 * 0.1 + 1.0
 
 
-# ---------------------------------------------------------------- two processes
-
-
-def test_two_processes_match_one_process_with_double_batch(tmp_path, subprocess_env):
-    # Two CPU processes (gloo) started fresh by torchrun: on purpose on the CPU even where a GPU
-    # is there, since both would share it; a fresh interpreter inherits no CUDA state.
-    options = {"out": str(tmp_path / "two"), "dropout": 0.0, "batch_size": 4, "max_steps": 6}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    command += ["2", __file__, json.dumps({**options, "use_cpu": True})]
-    env = {**subprocess_env, "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "2 process(es)" in run.stdout + run.stderr
-    # the one process on the CPU too, where a GPU is there: its kernels sum in other orders
-    one = make_trainer(tmp_path / "one", dropout=0.0, batch_size=8, max_steps=6, use_cpu=True)
-    assert one.accelerator.num_processes == 1
-    one.train()
-    two_losses = train_losses(tmp_path / "two")
-    assert len(two_losses) == 6
-    assert two_losses == pytest.approx(train_losses(tmp_path / "one"), abs=1e-5)
-    assert_same_weights(
-        tmp_path / "one/model/model.safetensors", tmp_path / "two/model/model.safetensors", 1e-5
-    )
-
-
 # ---------------------------------------------------------------- kill, stop and resume
 
 
@@ -541,13 +516,13 @@ def _wait_for_checkpoint(process: subprocess.Popen, out: Path, min_step: int) ->
 
 
 def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path, subprocess_env):
-    """SIGKILL in epoch 0, SIGKILL in epoch 1, SIGTERM in epoch 2, then resume to the end:
-    the weights and the final loss equal those of a run never interrupted (fp32, CPU)."""
+    """SIGKILL in epoch 1, SIGTERM in epoch 2, then resume to the end: the weights and the final
+    loss equal those of a run never interrupted (fp32, CPU)."""
     options = {"epochs": 3, "max_steps": None, "save_every": 2, "keep_checkpoints": 2}
     reference = make_trainer(tmp_path / "reference", **options)
     reference.train()
     out = tmp_path / "interrupted"
-    for kill_after, how in ((4, signal.SIGKILL), (8, signal.SIGKILL), (14, signal.SIGTERM)):
+    for kill_after, how in ((8, signal.SIGKILL), (14, signal.SIGTERM)):
         process = _start(out, subprocess_env, sleep=0.04, resume=True, **options)
         seen = _wait_for_checkpoint(process, out, kill_after)
         process.send_signal(how)
