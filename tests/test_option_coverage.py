@@ -77,7 +77,7 @@ def options_of(parser: ArgumentParser) -> dict[str, set[str]]:
     return options
 
 
-def test_functions(module) -> Iterator:
+def functions_of(module) -> Iterator:
     """The test functions of a module, its test classes' methods included."""
     for name, value in vars(module).items():
         if name.startswith("test") and inspect.isfunction(value):
@@ -91,7 +91,7 @@ def proved_options() -> dict[str, dict[str, list[str]]]:
     proved: dict[str, dict[str, list[str]]] = {}
     for path in sorted(TESTS.glob("test_*.py")):
         module = importlib.import_module(path.stem)
-        for test in test_functions(module):
+        for test in functions_of(module):
             for command, option in getattr(test, "proves", ()):
                 proved.setdefault(command, {}).setdefault(option, []).append(
                     f"{path.name}::{test.__name__}"

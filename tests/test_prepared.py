@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import kill_once
+from option_coverage import proves
 from safetensors.torch import load_file
 from test_pretrain_run import _newest_checkpoint_epoch, split_records
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -190,6 +191,7 @@ def test_pretrain_refuses_a_folder_of_other_options(corpus, tiny_tokenizer_dir, 
     assert not (tmp_path / "run").exists()
 
 
+@proves("pretrain", "--data")
 def test_pretrain_from_a_folder_equals_pretrain_from_the_files(
     corpus, tiny_tokenizer_dir, tmp_path
 ):
