@@ -5,6 +5,7 @@ shuffle buffer), and the options a stream refuses."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +120,51 @@ def test_two_processes_read_disjoint_shards_and_together_every_example_once(tmp_
             for index in range(stream.num_shards):
                 in_file = set(documents[index::4])
                 assert in_file <= texts or not in_file & texts, index
+
+
+def test_two_processes_under_torchrun_each_save_and_resume_their_stream_position(
+    tmp_path, tiny_tokenizer_dir, wikitext_slice, subprocess_env
+):
+    """Each process saves where it stands in its own shard, and a resumed run takes each back
+    from its own file: from step 3 on it ends with the uninterrupted run's positions and
+    weights."""
+    lines = wikitext_slice.read_text(encoding="utf-8").splitlines(keepends=True)
+    files = []
+    for index in range(2):
+        files.append(tmp_path / f"half{index}.tokens")
+        files[-1].write_text("".join(lines[index * 1500 : (index + 1) * 1500]), encoding="utf-8")
+
+    def run_two(out: Path, *argv: str) -> None:
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "-m", "egbert.cli", "pretrain", "--model", "gpt", "--tokenizer",
+            str(tiny_tokenizer_dir), "--train-files", *map(str, files), "--doc-boundary",
+            "wikitext", "--streaming", "--max-steps", "5", "--save-every", "3", "--seq-len", "32",
+            "--batch-size", "4", "--output-dir", str(out), "--use-cpu", "true", *argv,
+        ]  # fmt: skip
+        run = subprocess.run(command, env=subprocess_env, capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+
+    def positions(out: Path, step: int) -> list[dict]:
+        folder = out / "checkpoints" / f"step-{step}"
+        files = [folder / f"stream_position_{rank}.json" for rank in (0, 1)]
+        return [json.loads(path.read_text()) for path in files]
+
+    whole = tmp_path / "whole"
+    run_two(whole)
+    assert "training on 2 process(es)" in (whole / "train.log").read_text()
+    # each process is 12 blocks into its own file (shard), not into a shared one
+    assert positions(whole, 3)[0] != positions(whole, 3)[1]
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole, resumed)
+    for later in (resumed / "checkpoints" / "step-5", resumed / "model"):
+        shutil.rmtree(later)
+    run_two(resumed, "--resume")
+    assert positions(resumed, 5) == positions(whole, 5) != positions(whole, 3)
+    resumed_weights = load_file(resumed / "model" / "model.safetensors")
+    for name, tensor in load_file(whole / "model" / "model.safetensors").items():
+        torch.testing.assert_close(resumed_weights[name], tensor, atol=1e-6, rtol=0)
 
 
 # ---------------------------------------------------------------- resume
