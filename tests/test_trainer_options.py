@@ -246,13 +246,13 @@ def test_num_workers_collate_in_that_many_loader_processes(tmp_path):
 @proves("pretrain", "--output-dir")
 def test_logs_evaluations_and_checkpoints_come_at_their_intervals(tmp_path):
     out = tmp_path / "run"
-    argv = ["--max-steps", "6", "--log-every", "2", "--eval-every", "3", "--save-every", "2"]
+    argv = ["--max-steps", "6", "--log-every", "2", "--eval-every", "3", "--save-every", "1"]
     trainer = trainer_of(options(out, *argv, "--keep-checkpoints", "3"), eval_size=8)
     trainer.train()
     assert [record["step"] for record in records(trainer, "train")] == [2, 4, 6]
     assert [record["step"] for record in records(trainer, "eval")] == [3, 6]
     checkpoints = sorted(path.name for path in (out / "checkpoints").iterdir())
-    assert checkpoints == ["step-2", "step-4", "step-6"]
+    assert checkpoints == ["step-4", "step-5", "step-6"]  # saved at every step, the last 3 kept
     assert (out / "model" / "model.safetensors").is_file()
 
 
