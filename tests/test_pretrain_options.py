@@ -8,6 +8,7 @@ huggingface_hub reads it, and the FLOPs of MFU counted by hand from the model's 
 
 from __future__ import annotations
 
+import dataclasses
 from importlib import resources
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from option_coverage import proves
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
+from egbert.config import PretrainArguments, TrainingArguments
 from egbert.errors import CheckpointError
 from egbert.models.bert import (
     EgbertBertForMaskedLM,
@@ -28,10 +30,12 @@ from egbert.models.bert import (
 )
 from egbert.models.elmo import EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.pretrain.prepared import parse_prepare_args, prepare_arguments
 from egbert.pretrain.run import (
     build_model,
     model_flops_per_token,
     parse_pretrain_args,
+    pretrain_arguments,
     pretraining_data,
     pretraining_trainer,
 )
@@ -238,15 +242,8 @@ def test_a_run_trains_and_evaluates_what_its_options_say(
     )
 
     def examples_of(path: Path) -> list[list[int]]:
-        args, _ = parsed(
-            tiny_tokenizer_dir,
-            "--train-files",
-            str(path),
-            "--doc-boundary",
-            "line",
-            "--seq-len",
-            "16",
-        )
+        options = ["--train-files", str(path), "--doc-boundary", "line", "--seq-len", "16"]
+        args, _ = parsed(tiny_tokenizer_dir, *options)
         return rows(pretraining_data(args, load_tokenizer(tiny_tokenizer_dir), 11, None).train)
 
     assert rows(trainer.train_loader.dataset) == examples_of(corpus["train"])
@@ -268,3 +265,74 @@ def test_a_run_trains_and_evaluates_what_its_options_say(
     flops = flops_by_hand(model, 16, 1.0, attention=True)
     for record in [record for record in result.history if record["split"] == "train"]:
         assert record["mfu"] * peak / record["tokens_per_s"] == pytest.approx(flops, rel=1e-6)
+
+
+# ---------------------------------------------------------------- the Python API
+
+# Three sets of options that hold together, between them every option away from its default.
+API_OPTIONS = [
+    {
+        "model": "bert", "tokenizer": "tok", "train_files": ["a.txt", "b.txt"], "preset": "mini",
+        "config_overrides": "hidden_dropout_prob=0", "allow_pickle": True, "dataset": "d",
+        "dataset_config": "c", "split": "s", "text_column": "t", "source_weights": [1.0, 2.0, 3.0],
+        "validation_split": "v", "max_eval_samples": 5, "doc_boundary": "line",
+        "encoding": "latin-1", "encoding_errors": "replace", "seq_len": 64, "nsp": False,
+        "objective": "rtd", "mlm_probability": 0.2, "whole_word_mask": True,
+        "short_seq_prob": 0.2, "streaming": True, "shuffle_buffer": 8,
+        "card_datasets": ["x/y"], "license": "mit", "output_dir": "out", "lr": 0.01,
+        "weight_decay": 0.1, "adam_beta1": 0.8, "adam_beta2": 0.95, "adam_epsilon": 1e-6,
+        "batch_size": 8, "batch_ramp_to": 16, "max_steps": 10, "epochs": 2, "schedule": "cosine",
+        "warmup_steps": 3.0, "bf16": False, "max_grad_norm": 0.5, "label_smoothing": 0.1,
+        "eval_every": 5, "save_every": 5, "keep_checkpoints": 3, "seed": 7, "budget_minutes": 2.0,
+        "skip_nonfinite": 1, "log_every": 2, "report_to": ["none"], "resume": True,
+        "resume_anyway": True, "metric_for_best_model": "loss", "greater_is_better": True,
+        "num_workers": 1, "compile": True, "compile_mode": "reduce-overhead", "use_cpu": True,
+        "ddp_find_unused_parameters": True,
+    },
+    {
+        "model": "gpt", "data": "prepared", "init_from": "m", "validation_split_percentage": 5.0,
+        "num_proc": 2, "output_dir": "out", "grad_accum": 2, "bf16": True,
+    },
+    {
+        "model": "bert", "tokenizer": "tok", "train_files": ["a.txt"], "dupe_factor": 2,
+        "validation_files": ["v.txt"], "output_dir": "out",
+    },
+]  # fmt: skip
+
+
+def as_argv(options: dict) -> list[str]:
+    """The command line of `options`: --kebab-case, lists as several values, booleans as words."""
+    argv = []
+    for name, value in options.items():
+        values = value if isinstance(value, list) else [value]
+        words = [str(item).lower() if isinstance(item, bool) else str(item) for item in values]
+        argv += [f"--{name.replace('_', '-')}", *words]
+    return argv
+
+
+def field_default(spec: dataclasses.Field):
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return spec.default
+
+
+def test_the_python_api_takes_every_option_as_the_command_line_does():
+    """run_pretraining(**options) and prepare_corpus(**options) get the dataclasses the command
+    lines of the same options give: what the tests above prove of an option holds for both."""
+    specs = {
+        spec.name: spec
+        for cls in (PretrainArguments, TrainingArguments)
+        for spec in dataclasses.fields(cls)
+    }
+    given = {name for options in API_OPTIONS for name in options}
+    assert given == set(specs)
+    for options in API_OPTIONS:
+        assert all(options[name] != field_default(specs[name]) for name in options)
+        assert pretrain_arguments(**options) == parse_pretrain_args(as_argv(options))
+        data = {
+            name: options[name]
+            for name in options
+            if name in PretrainArguments.__dataclass_fields__
+        }
+        data |= {"output_dir": "folder", "seed": 3}
+        assert prepare_arguments(**data) == parse_prepare_args(as_argv(data))
