@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from option_coverage import proves
 from safetensors.torch import load_file
 
 from egbert import (
@@ -81,6 +82,7 @@ def files_naming(folder: Path, text: bytes) -> list[Path]:
     return [path for path in folder.rglob("*") if path.is_file() and text in path.read_bytes()]
 
 
+@proves("pretrain", "--compile", "--compile-mode")
 def test_compile_trains_saves_plain_names_and_resumes(
     tiny_tokenizer_dir, wikitext_slice, tmp_path, monkeypatch
 ):

@@ -128,6 +128,18 @@ def _round_trip(argv: list[str], tmp_path: Path, capsys) -> dict:
     return yaml.safe_load(printed)
 
 
+ROUND_TRIPPED = [*COMMANDS, "tokenizer train", "tokenizer stats"]
+ROUND_TRIPPED.remove("tokenizer")
+
+
+def proves_config_options(test):
+    """The round trip below proves --config and --print-config of every command."""
+    for command in ROUND_TRIPPED:
+        test = proves(command, "--config", "--print-config")(test)
+    return test
+
+
+@proves_config_options
 def test_print_config_round_trips_through_config(tmp_path, capsys):
     pretrain = _round_trip(
         ["pretrain", "--model", "bert", *REQUIRED, "--no_nsp", "--warmup-ratio", "0.2"],
@@ -166,6 +178,16 @@ def test_print_config_round_trips_through_config(tmp_path, capsys):
         ["tokenizer", "train", "--files", "a.txt", "--out", "t", "--lowercase"], tmp_path, capsys
     )
     assert tokenizer["lowercase"] is True and "action" not in tokenizer
+    stats = ["tokenizer", "stats", "--tokenizer", "t", "--files", "a.txt", "--json"]
+    assert _round_trip(stats, tmp_path, capsys)["json"] is True
+    prepare = ["prepare", "--model", "gpt", "--tokenizer", "t", "--train-files", "a.txt"]
+    assert (
+        _round_trip([*prepare, "--output-dir", "p", "--seed", "3"], tmp_path, capsys)["seed"] == 3
+    )
+    convert = ["convert", "--from", "m", "--to", "c", "--to-transformers"]
+    assert _round_trip(convert, tmp_path, capsys)["to_transformers"] is True
+    push = ["push", "--folder", "m", "--repo-id", "me/m", "--dry-run"]
+    assert _round_trip(push, tmp_path, capsys)["dry_run"] is True
 
 
 def test_config_files_take_option_names_and_refuse_unknown_ones(tmp_path, capsys):

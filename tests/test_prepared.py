@@ -193,6 +193,7 @@ def test_pretrain_refuses_a_folder_of_other_options(corpus, tiny_tokenizer_dir, 
     assert not (tmp_path / "run").exists()
 
 
+@proves("pretrain", "--data")
 def test_pretrain_from_a_folder_equals_pretrain_from_the_files(
     corpus, tiny_tokenizer_dir, tmp_path
 ):

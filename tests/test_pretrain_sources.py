@@ -15,7 +15,6 @@ import datasets
 import pytest
 from datasets import Dataset
 
-import egbert
 from egbert.errors import ConfigError, DataError
 from egbert.pretrain import sources
 
@@ -185,65 +184,7 @@ def test_bad_sources_are_one_line_naming_the_file_and_the_fix(tmp_path: Path):
         assert "\n" not in str(error.value)
 
 
-# ---------------------------------------------------------------- through `egbert pretrain`
-
-
-@pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
-def test_pretraining_on_mixed_table_files_with_held_out_validation(
-    tmp_path: Path, wikitext_slice: Path, tiny_tokenizer_dir: Path
-):
-    articles = [
-        text for text in texts(sources.read_documents([wikitext_slice], doc_boundary="wikitext"))
-    ]
-    write_jsonl(tmp_path / "a.jsonl", articles[:20])
-    Dataset.from_dict({"text": articles[20:]}).to_parquet(str(tmp_path / "b.parquet"))
-    result = egbert.run_pretraining(
-        model="gpt",
-        tokenizer=str(tiny_tokenizer_dir),
-        train_files=[str(tmp_path / "a.jsonl"), str(tmp_path / "b.parquet")],
-        source_weights=[1.0, 2.0],
-        validation_split_percentage=10.0,
-        output_dir=str(tmp_path / "run"),
-        seq_len=32,
-        batch_size=4,
-        max_steps=3,
-        use_cpu=True,  # the same few steps on any machine
-    )
-    assert result.step == 3 and result.metrics["loss"] > 0
-    saved = json.loads((tmp_path / "run" / "pretrain_args.json").read_text())["pretrain"]
-    assert saved["source_weights"] == [1.0, 2.0]
-
-
-@pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
-def test_pretraining_on_a_local_copy_of_a_hub_data_set_with_its_validation_split(
-    tmp_path: Path, wikitext_slice: Path, tiny_tokenizer_dir: Path
-):
-    articles = texts(sources.read_documents([wikitext_slice], doc_boundary="wikitext"))
-    datasets.DatasetDict(
-        {"train": Dataset.from_dict({"article": articles[:30], "id": list(range(30))}),
-         "validation": Dataset.from_dict({"article": articles[30:40], "id": list(range(10))})}
-    ).save_to_disk(tmp_path / "hub-copy")  # fmt: skip
-    options = {
-        "model": "bert",
-        "tokenizer": str(tiny_tokenizer_dir),
-        "dataset": str(tmp_path / "hub-copy"),
-        "split": "train",
-        "text_column": "article",
-        "seq_len": 32,
-        "batch_size": 4,
-        "max_steps": 2,
-        "use_cpu": True,
-    }
-    result = egbert.run_pretraining(
-        **options, validation_split="validation", output_dir=str(tmp_path / "run")
-    )
-    assert result.step == 2 and "nsp_accuracy" in result.metrics
-    with pytest.raises(ConfigError, match="--validation-split names a split of --dataset"):
-        egbert.run_pretraining(
-            **{**options, "dataset": None, "train_files": [str(wikitext_slice)]},
-            validation_split="validation",
-            output_dir=str(tmp_path / "refused"),
-        )
+# ---------------------------------------------------------------- `egbert pretrain --help`
 
 
 def test_pretrain_help_lists_the_source_options(capsys: pytest.CaptureFixture):
@@ -256,37 +197,3 @@ def test_pretrain_help_lists_the_source_options(capsys: pytest.CaptureFixture):
     for option in ("--dataset ", "--text-column", "--source-weights", "--validation-split ",
                    "--validation-split-percentage", "--shuffle-buffer"):  # fmt: skip
         assert option in shown, option
-
-
-@pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
-def test_pretraining_on_a_named_config_of_a_local_hub_style_folder(
-    tmp_path: Path, wikitext_slice: Path, tiny_tokenizer_dir: Path
-):
-    """--dataset-config and --split pick one of a data set's configs and its split, as on the
-    Hub (here a local folder whose README declares two configs, each with its own files)."""
-    articles = texts(sources.read_documents([wikitext_slice], doc_boundary="wikitext"))
-    folder = tmp_path / "hub-style"
-    for name, rows in (("short", articles[:3]), ("long", articles[:30])):
-        (folder / name).mkdir(parents=True)
-        lines = [json.dumps({"text": text}) for text in rows]
-        (folder / name / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    configs = "".join(
-        f"- config_name: {name}\n  data_files:\n  - split: full\n    path: {name}/train.jsonl\n"
-        for name in ("short", "long")
-    )
-    (folder / "README.md").write_text(f"---\nconfigs:\n{configs}---\n", encoding="utf-8")
-    short = sources.load_documents(dataset=str(folder), dataset_config="short", split="full")
-    assert texts(short) == articles[:3]
-    result = egbert.run_pretraining(
-        model="gpt",
-        tokenizer=str(tiny_tokenizer_dir),
-        dataset=str(folder),
-        dataset_config="long",
-        split="full",  # the split the config names
-        output_dir=str(tmp_path / "run"),
-        seq_len=32,
-        batch_size=4,
-        max_steps=2,
-        use_cpu=True,  # the same few steps on any machine
-    )
-    assert result.step == 2

@@ -60,7 +60,12 @@ def test_each_family_pretrains_from_a_stream(
     options = streaming_options(family, tiny_tokenizer_dir, wikitext_slice, tmp_path / "run")
     result = egbert.run_pretraining(**options, **length, validation_files=[str(wikitext_slice)],
                                     max_eval_samples=8, shuffle_buffer=50)  # fmt: skip
-    assert result.step == 3 if "max_steps" in length else result.step >= 1
+    if "max_steps" in length:
+        assert result.step == 3
+    else:  # the budget ends the stream's run, and the schedule reaches 0 there
+        assert result.elapsed_seconds >= length["budget_minutes"] * 60 and result.step >= 1
+        checkpoint = tmp_path / "run" / "checkpoints" / f"step-{result.step}"
+        assert torch.load(checkpoint / "scheduler.bin", weights_only=True)["_last_lr"] == [0.0, 0.0]
     assert result.model_dir is not None and (result.model_dir / "model.safetensors").is_file()
     assert result.metrics  # evaluated on the first 8 streamed validation examples
 
@@ -104,6 +109,16 @@ def test_two_processes_read_disjoint_shards_and_together_every_example_once(tmp_
         assert not set(seen[0]) & set(seen[1])
         assert sorted(seen[0] + seen[1]) == sorted(documents)
         assert abs(len(seen[0]) - len(seen[1])) <= 30  # shares, not one process reading all
+    # whole shards: each file's documents go to one process, which reads no other file's
+    three = sources.read_documents(files[:3], doc_boundary="line", streaming=True)
+    for stream, shards in ((by_files, [2, 2]), (three, [2, 1])):
+        parts = [split_stream(stream, rank, 2) for rank in (0, 1)]
+        assert [part.num_shards for part in parts] == shards
+        for part in parts:
+            texts = {row["text"] for row in part}
+            for index in range(stream.num_shards):
+                in_file = set(documents[index::4])
+                assert in_file <= texts or not in_file & texts, index
 
 
 # ---------------------------------------------------------------- resume

@@ -299,3 +299,81 @@ def test_the_dataset_config_and_split_name_the_part_of_a_data_set_read(shapes, t
     assert MARK not in trained_vocab(
         tmp_path, *dataset, "--dataset-config", "plain", "--split", "validation"
     )
+
+
+# ---------------------------------------------------------------- the options of the command
+
+MADE_UP = "zorblax"  # a word of the test corpus only
+
+
+def corpus_with(tmp_path: Path, made_up_times: int, encoding: str = "utf-8") -> Path:
+    """Common words many times, the made-up word `made_up_times` times, café in every line."""
+    lines = [f"The river ran past the café and the town {i % 7} ." for i in range(120)]
+    lines += [f"We saw {MADE_UP} there ." for _ in range(made_up_times)]
+    path = tmp_path / f"corpus-{made_up_times}-{encoding}.txt"
+    path.write_bytes(("\n".join(lines) + "\n").encode(encoding))
+    return path
+
+
+def cli_tokenizer(out: Path, *argv: str) -> AutoTokenizer:
+    egbert_main(["tokenizer", "train", *argv, "--out", str(out)])
+    return AutoTokenizer.from_pretrained(out)
+
+
+@proves("tokenizer train", "--files", "--kind", "--vocab-size", "--out")
+def test_train_learns_a_tokenizer_of_the_kind_and_size_asked_from_the_files(
+    wikitext_slice, tmp_path
+):
+    corpus = corpus_with(tmp_path, 10_000)  # among the corpus's most frequent words
+    for kind, model, vocab_size, word in (
+        ("wordpiece", "WordPiece", 700, MADE_UP),
+        ("bpe", "BPE", 400, f"\u0120{MADE_UP}"),  # byte-level: Ġ marks the space before a word
+    ):
+        files = ["--files", str(wikitext_slice), str(corpus), "--vocab-size", str(vocab_size)]
+        tokenizer = cli_tokenizer(tmp_path / kind, *files, "--kind", kind)
+        saved = json.loads((tmp_path / kind / "tokenizer.json").read_text(encoding="utf-8"))
+        assert saved["model"]["type"] == model and len(tokenizer) == vocab_size
+        assert word in tokenizer.get_vocab()  # learned from the second file
+        without = cli_tokenizer(tmp_path / f"{kind}-wiki", *files[:2], *files[3:], "--kind", kind)
+        assert word not in without.get_vocab()
+
+
+@proves("tokenizer train", "--lowercase", "--min-frequency", "--encoding")
+def test_train_lowercases_keeps_only_frequent_pieces_and_decodes_the_files(tmp_path):
+    """A vocabulary too large to fill: the trainer learns every merge that occurs at least
+    --min-frequency times, so the made-up word (3 times) becomes a token at 2, not at 4."""
+    corpus = corpus_with(tmp_path, 3, encoding="latin-1")
+    argv = ["--files", str(corpus), "--encoding", "latin-1", "--vocab-size", "5000"]
+    kept = cli_tokenizer(tmp_path / "two", *argv, "--min-frequency", "2")
+    dropped = cli_tokenizer(tmp_path / "four", *argv, "--min-frequency", "4")
+    assert MADE_UP in kept.get_vocab() and MADE_UP not in dropped.get_vocab()
+    assert "café" in kept.get_vocab()  # é read as Latin-1: one character, not two bytes
+    assert kept.tokenize("The CAFÉ") != kept.tokenize("the café")
+    lowered = cli_tokenizer(tmp_path / "lower", *argv, "--lowercase")
+    assert lowered.tokenize("The CAFÉ") == lowered.tokenize("the cafe")  # accents stripped too
+    with pytest.raises(SystemExit, match="byte 0xe9 at offset"):
+        egbert_main(["tokenizer", "train", *argv[:2], "--out", str(tmp_path / "utf8")])
+
+
+@proves("tokenizer stats", "--tokenizer", "--files", "--encoding", "--json")
+def test_stats_count_the_lines_words_and_tokens_of_the_files(
+    tiny_tokenizer_dir, wikitext_slice, tmp_path, capsys
+):
+    corpus = corpus_with(tmp_path, 5, encoding="latin-1")
+    lines = [line for line in corpus.read_text(encoding="latin-1").splitlines() if line.strip()]
+    other = tmp_path / "other"
+    train_tokenizer([wikitext_slice], vocab_size=500, out_dir=other)
+    for folder in (tiny_tokenizer_dir, other):
+        reference = AutoTokenizer.from_pretrained(folder)
+        argv = ["--tokenizer", str(folder), "--files", str(corpus), "--encoding", "latin-1"]
+        egbert_main(["tokenizer", "stats", *argv, "--json"])
+        stats = json.loads(capsys.readouterr().out)
+        tokens = [len(reference(line, add_special_tokens=False)["input_ids"]) for line in lines]
+        assert stats["vocab_size"] == len(reference) and stats["lines"] == len(lines)
+        assert stats["words"] == sum(len(line.split()) for line in lines)
+        assert stats["tokens"] == sum(tokens) and stats["length_max"] == max(tokens)
+        egbert_main(["tokenizer", "stats", *argv])
+        table = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+        assert table["tokens"] == f"{sum(tokens):,}"  # without --json: a table for people
+    with pytest.raises(SystemExit, match="byte 0xe9 at offset"):
+        egbert_main(["tokenizer", "stats", *argv[:4]])

@@ -64,12 +64,15 @@ def launch(
     halves = [str(root / "half0.tokens"), str(root / "half1.tokens")]
     files = {**PRETRAIN, **text, "train_files": [str(root / "train.tokens")], "save_every": 2}
     tiny_bert = {"model": str(tiny_egbert_bert_dir), "data_dir": str(micro_data / "glue")}
-    stream = {**PRETRAIN, **text, "train_files": halves, "streaming": True, "max_steps": 3}
+    stream = {**PRETRAIN, **text, "train_files": halves, "streaming": True, "max_steps": 5}
+    stream |= {"save_every": 3}
+    resumed = {**stream, "resume_from_checkpoint": str(root / "stream/checkpoints/step-3")}
     jobs = {
         "files": ("pretrain", files),
         "finetune": ("finetune", {**FINETUNE, **tiny_bert}),
         "folder": ("pretrain", {**PRETRAIN, "data": str(root / "prepared")}),
         "stream": ("pretrain", stream),
+        "resumed": ("pretrain", resumed),  # after "stream": from its step 3
     }
     argvs = [
         command_line(command, {**options, "batch_size": 4, "output_dir": str(root / name)})
@@ -136,15 +139,21 @@ def test_pretrain_on_a_folder_on_two_processes_equals_one_with_the_double_batch(
     assert train_losses(two) == pytest.approx(train_losses(one), abs=1e-5)
 
 
-def test_a_stream_on_two_processes_saves_each_ones_position(launch):
-    out = launch["root"] / "stream"
-    assert_trained_once_on_two_processes(out)
-    positions = [
-        json.loads((out / "checkpoints/step-3" / f"stream_position_{rank}.json").read_text())
-        for rank in (0, 1)
-    ]
+def stream_positions(out: Path, step: int) -> list[dict]:
+    folder = out / "checkpoints" / f"step-{step}"
+    return [json.loads((folder / f"stream_position_{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_a_stream_on_two_processes_saves_and_resumes_each_ones_position(launch):
+    """Each process saves where it stands in its own shard, and a resumed run takes each back
+    from its own file: from step 3 on it ends with the uninterrupted run's positions and
+    weights."""
+    whole, resumed = launch["root"] / "stream", launch["root"] / "resumed"
+    assert_trained_once_on_two_processes(whole)
     # each process is 12 blocks into its own file (shard), not into a shared one
-    assert positions[0] != positions[1]
+    assert stream_positions(whole, 3)[0] != stream_positions(whole, 3)[1]
+    assert stream_positions(resumed, 5) == stream_positions(whole, 5) != stream_positions(whole, 3)
+    assert_same_weights(whole / "model", resumed / "model")
 
 
 if __name__ == "__main__":  # under torchrun: the jobs one after the other, in one process group

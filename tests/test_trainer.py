@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from accelerate.state import AcceleratorState
+from option_coverage import proves
 from safetensors.torch import load_file
 from torch import nn
 
@@ -216,6 +217,7 @@ def test_no_weight_decay_on_biases_and_norms():
     ]
 
 
+@proves("pretrain", "--seed")
 def test_epoch_order_is_a_function_of_seed_and_epoch(tmp_path):
     def ids_of_epoch(trainer: Trainer, epoch: int) -> list[int]:
         trainer.train_loader.set_epoch(epoch)
@@ -303,6 +305,7 @@ def test_bf16_pays_off_where_the_cpu_has_bf16_instructions(monkeypatch):
     assert bf16_pays_off("cpu") == timed
 
 
+@proves("pretrain", "--grad-accum")
 def test_grad_accumulation_equals_the_larger_batch(tmp_path):
     big = make_trainer(tmp_path / "big", dropout=0.0, batch_size=8, max_steps=3)
     big.train()
@@ -315,6 +318,7 @@ def test_grad_accumulation_equals_the_larger_batch(tmp_path):
     )
 
 
+@proves("pretrain", "--batch-ramp-to")
 def test_batch_ramp_accumulates_more_batches_as_the_run_goes_on(tmp_path):
     # 2-example batches ramping to 8: 1 batch a step at the start, then 1 + round(3 * share done)
     trainer = make_trainer(tmp_path, size=64, batch_size=2, batch_ramp_to=8, max_steps=4)
@@ -355,6 +359,7 @@ def test_label_smoothing_trains_but_is_off_for_evaluation(tmp_path):
     assert metrics["loss"] == pytest.approx(unsmoothed, abs=1e-6)
 
 
+@proves("pretrain", "--metric-for-best-model")
 def test_best_checkpoint_is_kept_by_metric(tmp_path):
     trainer = make_trainer(
         tmp_path, eval_size=8, max_steps=12, eval_every=3, lr=0.3, metric_for_best_model="loss"
@@ -380,6 +385,7 @@ def test_nonfinite_loss_stops_and_names_the_step(tmp_path):
         trainer.train()
 
 
+@proves("pretrain", "--skip-nonfinite")
 def test_skip_nonfinite_skips_bad_steps(tmp_path):
     trainer = make_trainer(tmp_path, poison=5, epochs=1, max_steps=None, skip_nonfinite=1)
     result = trainer.train()
@@ -416,6 +422,7 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert load_file(checkpoints / "step-2/model.safetensors")["head.weight"].shape == (VOCAB, 16)
 
 
+@proves("pretrain", "--resume-anyway")
 def test_resume_with_a_changed_config_is_refused(tmp_path):
     make_trainer(tmp_path, max_steps=2).train()
     AcceleratorState._reset_state(reset_partial_state=True)
@@ -450,6 +457,7 @@ def test_checkpoint_state_is_loaded_with_weights_only(tmp_path):
         make_trainer(tmp_path, max_steps=4, resume=True).train()
 
 
+@proves("pretrain", "--budget-minutes")
 def test_budget_stops_on_time_with_the_schedule_at_zero(tmp_path):
     budget_s = 0.05 * 60
     trainer = make_trainer(

@@ -22,7 +22,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -133,58 +133,7 @@ def model_flops_per_token(model: PreTrainedModel, args: PretrainArguments) -> Ca
 
 def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> TrainOutput:
     """Build tokenizer, data and model from the options, train, and return the trainer's result."""
-    check_trackers_installed(training_args.report_to)  # before the data is tokenized
-    folder = prepared.folder_for_run(args) if args.data else None  # refuses a mismatch
-    tokenizer = folder.load_tokenizer(args.tokenizer) if folder else _tokenizer_of(args)
-    set_seed(training_args.seed)  # the model's initial weights
-    model, preset = build_model(args, tokenizer)
-    check_vocab_matches(tokenizer, model.config.vocab_size, f"the {args.model} model")
-    identity = run_config(args, preset, tokenizer, folder)
-    check_resume_before_data(identity, training_args)
-    eval_set, eval_collator = None, None
-    if folder:  # tokenized once by `egbert prepare`: read from its memory-mapped shards
-        train_set = folder.examples("train")
-        collator = build_collator(args, tokenizer, training_args.seed)
-        if folder.has_split("validation"):
-            eval_set = folder.examples("validation")
-            eval_collator = build_collator(args, tokenizer, training_args.seed)
-    else:
-        train_documents, eval_documents = load_corpus(args, training_args.seed)
-        train_set, collator = examples_from_documents(
-            args, tokenizer, train_documents, training_args.seed
-        )
-        if args.shuffle_buffer:
-            train_set = train_set.shuffle(seed=training_args.seed, buffer_size=args.shuffle_buffer)
-        if eval_documents is not None:
-            # Its own collator: the eval masks stay those of epoch 0, so evaluations compare.
-            eval_set, eval_collator = examples_from_documents(
-                args, tokenizer, eval_documents, training_args.seed
-            )
-    if args.max_train_samples is not None:
-        train_set = first_examples(train_set, args.max_train_samples)
-    if eval_set is not None and args.max_eval_samples is not None:
-        eval_set = first_examples(eval_set, args.max_eval_samples)
-    batch_metrics, finalize_metrics = EVAL_METRICS["rtd" if args.objective == "rtd" else args.model]
-    trainer = Trainer(
-        model,
-        training_args,
-        train_set,
-        collator,
-        eval_dataset=eval_set,
-        eval_collator=eval_collator,
-        batch_metrics=batch_metrics,
-        finalize_metrics=finalize_metrics,
-        run_config=identity,
-        tokenizer=tokenizer_for_model(tokenizer, model.config, args.seq_len),
-        card=ModelCardInfo(
-            pipeline_tag=PIPELINE_TAGS[args.model],
-            license=args.license,
-            datasets=args.card_datasets,
-            description=f"An egbert {args.model} model pretrained from scratch with "
-            f"`egbert pretrain` ({type(model).__name__}).",
-        ),
-        flops_per_token=model_flops_per_token(model, args),
-    )
+    trainer = pretraining_trainer(args, training_args)
     result = trainer.train()
     if trainer.accelerator.is_main_process:
         options = {"pretrain": asdict(args), "training": asdict(training_args)}
@@ -211,6 +160,41 @@ def check_resume_before_data(identity: dict[str, Any], training_args: TrainingAr
         options = {**identity["options"], **asdict(training_args)}
         current = {**identity, "options": options}
         refuse_changed_run(checkpoint, current, training_args.resume_anyway, parts=True)
+
+
+def pretraining_trainer(args: PretrainArguments, training_args: TrainingArguments) -> Trainer:
+    """The run's trainer, ready to train: the tokenizer, the model and the data the options
+    name (what `pretrain` trains; the tests read each option's effect off it)."""
+    check_trackers_installed(training_args.report_to)  # before the data is tokenized
+    folder = prepared.folder_for_run(args) if args.data else None  # refuses a mismatch
+    tokenizer = folder.load_tokenizer(args.tokenizer) if folder else _tokenizer_of(args)
+    set_seed(training_args.seed)  # the model's initial weights
+    model, preset = build_model(args, tokenizer)
+    check_vocab_matches(tokenizer, model.config.vocab_size, f"the {args.model} model")
+    identity = run_config(args, preset, tokenizer, folder)
+    check_resume_before_data(identity, training_args)
+    data = pretraining_data(args, tokenizer, training_args.seed, folder)
+    batch_metrics, finalize_metrics = EVAL_METRICS["rtd" if args.objective == "rtd" else args.model]
+    return Trainer(
+        model,
+        training_args,
+        data.train,
+        data.collator,
+        eval_dataset=data.eval,
+        eval_collator=data.eval_collator,
+        batch_metrics=batch_metrics,
+        finalize_metrics=finalize_metrics,
+        run_config=identity,
+        tokenizer=tokenizer_for_model(tokenizer, model.config, args.seq_len),
+        card=ModelCardInfo(
+            pipeline_tag=PIPELINE_TAGS[args.model],
+            license=args.license,
+            datasets=args.card_datasets,
+            description=f"An egbert {args.model} model pretrained from scratch with "
+            f"`egbert pretrain` ({type(model).__name__}).",
+        ),
+        flops_per_token=model_flops_per_token(model, args),
+    )
 
 
 # ---------------------------------------------------------------- model
@@ -272,6 +256,43 @@ def _load_existing_model(args: PretrainArguments) -> PreTrainedModel:
 
 
 # ---------------------------------------------------------------- data
+
+
+@dataclass
+class PretrainingData:
+    """A run's examples and their collators (eval: None without validation data)."""
+
+    train: Dataset | IterableDataset | prepared.PreparedExamples
+    collator: Callable
+    eval: Dataset | IterableDataset | prepared.PreparedExamples | Subset | None = None
+    eval_collator: Callable | None = None
+
+
+def pretraining_data(
+    args: PretrainArguments, tokenizer, seed: int, folder: prepared.PreparedFolder | None
+) -> PretrainingData:
+    """The training and validation examples the options name: from the prepared `folder`, else
+    read, tokenized and built from the sources (a stream shuffled in --shuffle-buffer)."""
+    if folder:  # tokenized once by `egbert prepare`: read from its memory-mapped shards
+        data = PretrainingData(folder.examples("train"), build_collator(args, tokenizer, seed))
+        if folder.has_split("validation"):
+            data.eval = folder.examples("validation")
+            data.eval_collator = build_collator(args, tokenizer, seed)
+    else:
+        train_documents, eval_documents = load_corpus(args, seed)
+        data = PretrainingData(*examples_from_documents(args, tokenizer, train_documents, seed))
+        if args.shuffle_buffer:
+            data.train = data.train.shuffle(seed=seed, buffer_size=args.shuffle_buffer)
+        if eval_documents is not None:
+            # Its own collator: the eval masks stay those of epoch 0, so evaluations compare.
+            data.eval, data.eval_collator = examples_from_documents(
+                args, tokenizer, eval_documents, seed
+            )
+    if args.max_train_samples is not None:
+        data.train = first_examples(data.train, args.max_train_samples)
+    if data.eval is not None and args.max_eval_samples is not None:
+        data.eval = first_examples(data.eval, args.max_eval_samples)
+    return data
 
 
 def first_examples(examples: Dataset | IterableDataset, count: int) -> Dataset | IterableDataset:
