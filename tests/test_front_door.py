@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from option_coverage import proves
 
 import egbert
 from egbert.arguments import arguments_from_options
@@ -121,6 +122,11 @@ def _round_trip(argv: list[str], tmp_path: Path, capsys) -> dict:
     return yaml.safe_load(printed)
 
 
+@proves("finetune", "--config", "--print-config")
+@proves("probe", "--config", "--print-config")
+@proves("prompt-eval", "--config", "--print-config")
+@proves("embed", "--config", "--print-config")
+@proves("generate", "--config", "--print-config")
 def test_print_config_round_trips_through_config(tmp_path, capsys):
     pretrain = _round_trip(
         ["pretrain", "--model", "bert", *REQUIRED, "--no_nsp", "--warmup-ratio", "0.2"],

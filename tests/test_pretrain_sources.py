@@ -6,18 +6,21 @@ from __future__ import annotations
 import bz2
 import collections
 import gzip
-import importlib.util
 import json
 import lzma
+import sys
 from pathlib import Path
 
 import datasets
 import pytest
+import zstandard
 from datasets import Dataset
 
 import egbert
 from egbert.errors import ConfigError, DataError
 from egbert.pretrain import sources
+from egbert.pretrain.corpus import load_corpus
+from egbert.pretrain.run import pretrain_arguments
 
 DOCUMENTS = [f"Document {i} says something . It has a second sentence {i} ." for i in range(40)]
 
@@ -59,24 +62,23 @@ def test_compressed_text_reads_like_the_plain_file(tmp_path: Path):
     (tmp_path / "c.txt.gz").write_bytes(gzip.compress(plain))
     (tmp_path / "c.bz2").write_bytes(bz2.compress(plain))
     (tmp_path / "c.tokens.xz").write_bytes(lzma.compress(plain))
+    (tmp_path / "c.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(plain))
     write_jsonl(tmp_path / "j.jsonl", DOCUMENTS)
     (tmp_path / "j.jsonl.gz").write_bytes(gzip.compress((tmp_path / "j.jsonl").read_bytes()))
-    for name in ("c.txt", "c.txt.gz", "c.bz2", "c.tokens.xz", "j.jsonl.gz"):
+    names = ("c.txt", "c.txt.gz", "c.bz2", "c.tokens.xz", "c.txt.zst", "j.jsonl.gz")
+    for name in names:
         assert texts(sources.load_documents([tmp_path / name])) == DOCUMENTS, name
         assert texts(sources.load_documents([tmp_path / name], streaming=True)) == DOCUMENTS
 
 
-def test_zstandard_text_is_read_or_refused_in_one_line(tmp_path: Path):
+def test_zstandard_text_without_the_package_is_refused_in_one_line(tmp_path, monkeypatch):
     path = tmp_path / "c.txt.zst"
-    if importlib.util.find_spec("zstandard") is None:
-        path.write_bytes(b"(zstd bytes)")
-        with pytest.raises(DataError, match=r"c\.txt\.zst: .*needs the zstandard package"):
-            sources.load_documents([path])
-    else:
-        import zstandard
-
-        path.write_bytes(zstandard.ZstdCompressor().compress("\n\n".join(DOCUMENTS).encode()))
-        assert texts(sources.load_documents([path])) == DOCUMENTS
+    path.write_bytes(zstandard.ZstdCompressor().compress("\n\n".join(DOCUMENTS).encode()))
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # as where it is not installed
+    for streaming in (False, True):
+        with pytest.raises(DataError, match=r"c\.txt\.zst: .*needs the zstandard package") as error:
+            texts(sources.load_documents([path], streaming=streaming))
+        assert "\n" not in str(error.value)
 
 
 def test_saved_data_set_and_a_local_folder_as_the_hub_name(tmp_path: Path):
@@ -214,34 +216,24 @@ def test_pretraining_on_mixed_table_files_with_held_out_validation(
     assert saved["source_weights"] == [1.0, 2.0]
 
 
-@pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
-def test_pretraining_on_a_local_copy_of_a_hub_data_set_with_its_validation_split(
-    tmp_path: Path, wikitext_slice: Path, tiny_tokenizer_dir: Path
+def test_a_local_copy_of_a_hub_data_set_evaluates_on_its_validation_split(
+    tmp_path: Path, wikitext_slice: Path
 ):
+    """A save_to_disk copy of a Hub data set: pretraining's corpus (what `pretrain` tokenizes
+    for training and for evaluation) is its train split, and its validation split held out."""
     articles = texts(sources.read_documents([wikitext_slice], doc_boundary="wikitext"))
     datasets.DatasetDict(
         {"train": Dataset.from_dict({"article": articles[:30], "id": list(range(30))}),
          "validation": Dataset.from_dict({"article": articles[30:40], "id": list(range(10))})}
     ).save_to_disk(tmp_path / "hub-copy")  # fmt: skip
-    options = {
-        "model": "bert",
-        "tokenizer": str(tiny_tokenizer_dir),
-        "dataset": str(tmp_path / "hub-copy"),
-        "split": "train",
-        "text_column": "article",
-        "seq_len": 32,
-        "batch_size": 4,
-        "max_steps": 2,
-        "use_cpu": True,
-    }
-    result = egbert.run_pretraining(
-        **options, validation_split="validation", output_dir=str(tmp_path / "run")
-    )
-    assert result.step == 2 and "nsp_accuracy" in result.metrics
+    options = {"model": "bert", "tokenizer": "tok", "dataset": str(tmp_path / "hub-copy")}
+    options |= {"split": "train", "text_column": "article", "validation_split": "validation"}
+    args, training = pretrain_arguments(**options, output_dir="out")
+    train, validation = load_corpus(args, training.seed)
+    assert texts(train) == articles[:30] and texts(validation) == articles[30:40]
     with pytest.raises(ConfigError, match="--validation-split names a split of --dataset"):
         egbert.run_pretraining(
             **{**options, "dataset": None, "train_files": [str(wikitext_slice)]},
-            validation_split="validation",
             output_dir=str(tmp_path / "refused"),
         )
 
