@@ -41,14 +41,20 @@ def flatten_like_cudnn(model: nn.Module) -> int:
     GPU; returns how many tensors are views now."""
     views = 0
     for lstm in (module for module in model.modules() if isinstance(module, nn.LSTM)):
-        weights = [getattr(lstm, name) for name in lstm._flat_weights_names]
-        flat = torch.cat([weight.detach().reshape(-1) for weight in weights])
-        offset = 0
-        for weight in weights:
-            weight.data = flat[offset : offset + weight.numel()].view_as(weight)
-            offset += weight.numel()
-        views += len(weights)
+        flatten_lstm_like_cudnn(lstm)
+        views += len(lstm._flat_weights)
     return views
+
+
+def flatten_lstm_like_cudnn(lstm: nn.LSTM) -> None:
+    """What cuDNN's LSTM.flatten_parameters does on a GPU (on a CPU it does nothing): the
+    weights, with the values they hold, become views into one buffer."""
+    weights = [getattr(lstm, name) for name in lstm._flat_weights_names]
+    flat = torch.cat([weight.detach().reshape(-1) for weight in weights])
+    offset = 0
+    for weight in weights:
+        weight.data = flat[offset : offset + weight.numel()].view_as(weight)
+        offset += weight.numel()
 
 
 def lstm_names(model: nn.Module) -> set[str]:
@@ -74,33 +80,25 @@ def test_the_flat_layout_is_what_loses_weights_and_untangling_keeps_them():
 
 
 def test_loading_into_the_flat_layout_keeps_it(monkeypatch):
-    # The flat layout is cuDNN's: on a CPU, LSTM.flatten_parameters (what puts it back) does
-    # nothing, so the test checks that it is called on every LSTM after loading, and on a GPU
-    # also that the weights are views into one buffer again.
+    """Each weight gets a storage of its own to load into, and afterwards the LSTMs are back in
+    the flat layout, holding what was loaded. cuDNN makes that layout on a GPU; on a CPU, where
+    LSTM.flatten_parameters does nothing, its stand-in makes it the same way."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = tiny_elmo().to(device)
     flatten_like_cudnn(model)
+    if device == "cpu":
+        monkeypatch.setattr(nn.LSTM, "flatten_parameters", flatten_lstm_like_cudnn)
     lstms = [module for module in model.modules() if isinstance(module, nn.LSTM)]
-    flattened = []
-    flatten = nn.LSTM.flatten_parameters
-
-    def counted(lstm: nn.LSTM) -> None:
-        flattened.append(lstm)
-        flatten(lstm)
-
-    monkeypatch.setattr(nn.LSTM, "flatten_parameters", counted)
     with own_storage(model):
         for lstm in lstms:
             shared = {param.untyped_storage().data_ptr() for param in lstm._flat_weights}
             assert len(shared) == len(lstm._flat_weights)  # each its own storage to load into
             for param in lstm._flat_weights:
                 param.data.fill_(0.5)
-        assert flattened == []
-    assert {id(lstm) for lstm in flattened} == {id(lstm) for lstm in lstms}  # the layout back
     for lstm in lstms:
         assert all((param == 0.5).all() for param in lstm._flat_weights)  # what was loaded
-        if device == "cuda":
-            assert len({param.untyped_storage().data_ptr() for param in lstm._flat_weights}) == 1
+        storages = {param.untyped_storage().data_ptr() for param in lstm._flat_weights}
+        assert len(storages) == 1  # one buffer again: the flat layout
 
 
 class BlockCollator:

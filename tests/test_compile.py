@@ -22,6 +22,7 @@ from egbert import (
     EgbertGPTForCausalLM,
 )
 from egbert.cli import main as cli_main
+from egbert.models import kernels
 from egbert.pretrain.run import main
 from egbert.trainer import COMPILE_SETTINGS
 
@@ -62,20 +63,33 @@ def training_batch(family: str, padded: bool) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("family", ["bert", "gpt", "elmo"])
-def test_training_forward_compiles_into_one_graph(family, padded):
+def test_training_forward_compiles_into_one_graph(family, padded, monkeypatch):
     """fullgraph=True raises at the first graph break (a .item(), a bool of a device tensor, a
-    data-dependent branch); the eager backend traces without code generation, so it is fast."""
+    data-dependent branch); the eager backend traces without code generation, so it is fast.
+    The graph computes what the model computes: the same loss and gradients as the eager
+    forward, dropout included (both F.dropout's masks drawn after the same seed: the eager
+    forward's own CPU masks are switched off)."""
     torch._dynamo.reset()
     model = tiny_models()[family].train()
     batch = training_batch(family, padded)
     compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.manual_seed(0)
     with torch._dynamo.config.patch(**COMPILE_SETTINGS):
         loss = compiled(**batch).loss
     loss.backward()
+    gradients = {name: param.grad for name, param in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    monkeypatch.setattr(kernels, "CPU_DROPOUT_MASKS", False)
     torch.manual_seed(0)
     expected = model(**batch).loss
-    assert torch.isfinite(loss) and loss.shape == ()
-    assert model.training and expected.shape == ()
+    expected.backward()
+    assert torch.isfinite(loss) and loss.shape == () and model.training
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    for name, param in model.named_parameters():
+        if gradients[name] is None or param.grad is None:  # a weight the loss does not reach
+            assert gradients[name] is param.grad, name
+        else:
+            torch.testing.assert_close(gradients[name], param.grad, rtol=1e-4, atol=1e-5)
 
 
 def files_naming(folder: Path, text: bytes) -> list[Path]:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from option_coverage import proves
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -186,6 +188,7 @@ def test_random_gpt2_greedy_generate_matches_on_a_left_padded_batch() -> None:
     assert torch.equal(egbert.generate(ids, **options), stock.generate(ids, **options))
 
 
+@proves("convert", "--from", "--to", "--to-transformers")
 def test_cli_converts_a_checkpoint_and_back(minilm_dir: Path, tmp_path: Path) -> None:
     egbert_dir, stock_dir = tmp_path / "egbert", tmp_path / "stock"
     cli(["convert", "--from", str(minilm_dir), "--to", str(egbert_dir)])
@@ -199,6 +202,25 @@ def test_cli_converts_a_checkpoint_and_back(minilm_dir: Path, tmp_path: Path) ->
     assert_same_state_dict(
         BertModel.from_pretrained(minilm_dir), BertModel.from_pretrained(stock_dir)
     )
+
+
+@proves("convert", "--config", "--print-config")
+def test_the_options_come_back_from_the_printed_config(tmp_path: Path, capsys) -> None:
+    """--print-config prints the options and converts nothing; that file given to --config is
+    the same conversion."""
+    BertModel(BertConfig(**TINY_BERT)).save_pretrained(tmp_path / "stock")
+    out = tmp_path / "egbert"
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["convert", "--from", str(tmp_path / "stock"), "--to", str(out), "--print-config"])
+    assert exit_info.value.code == 0 and not out.exists()
+    printed = capsys.readouterr().out
+    assert yaml.safe_load(printed) == {
+        "source": str(tmp_path / "stock"), "target": str(out), "to_transformers": False,
+        "allow_pickle": False,
+    }  # fmt: skip
+    (tmp_path / "convert.yaml").write_text(printed, encoding="utf-8")
+    cli(["convert", "--config", str(tmp_path / "convert.yaml")])
+    assert json.loads((out / "config.json").read_text())["model_type"] == "egbert-bert"
 
 
 def test_egbert_pretraining_checkpoint_converts_to_stock(tmp_path: Path) -> None:

@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from model_calls import model_calls
+from option_coverage import proves
 from safetensors.numpy import load_file
 from test_pretrain_run import logged
-from transformers import AutoTokenizer
+from transformers import AutoModel, AutoTokenizer
 
 from egbert import cli
 from egbert.embedding import COMBINES, POOLS, embed, load_model
@@ -461,3 +463,90 @@ def test_cli_matches_sentence_transformers_on_sst2(minilm_dir: Path, data_dir: P
     cosine = (ours * reference).sum(1)
     assert ours.shape == (200, 384)
     assert cosine.min() >= 0.9999
+
+
+# ---------------------------------------------------------------------------------------------
+# The command's options, against the model's own hidden states
+
+
+def model_states(model_dir: Path, *texts: str, max_length: int | None = None):
+    """(hidden_states, word_ids) of one text or pair run alone through transformers' AutoModel."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir).eval()
+    inputs = tokenizer(
+        *texts, truncation=max_length is not None, max_length=max_length, return_tensors="pt"
+    )
+    with torch.no_grad():
+        outputs = model(**inputs, output_hidden_states=True)
+    return [layer[0] for layer in outputs.hidden_states], inputs.word_ids()
+
+
+@proves(
+    "embed", "--model", "--input", "--output", "--layers", "--combine", "--pool", "--max-length",
+    "--batch-size", "--text-field", "--pair-field", "--encoding",
+)  # fmt: skip
+def test_cli_pools_the_layers_it_names_of_the_pairs_it_reads(family_dirs: dict, tmp_path: Path):
+    """Latin-1 JSONL pairs, cut to 12 tokens: the mean of layers -1 and -3 at the last real
+    token ([SEP]) of each pair, in batches of 2."""
+    rows = [
+        {"first": "Un café à Paris, déjà vu.", "second": "The crème brûlée was très bon."},
+        {"first": "Rain.", "second": "Snow."},
+        {"first": "The castle was rebuilt in the twelfth century.", "second": "It fell."},
+    ]
+    source = tmp_path / "pairs.jsonl"
+    text = "".join(json.dumps({"id": 1, **row}, ensure_ascii=False) + "\n" for row in rows)
+    source.write_bytes(text.encode("latin-1"))
+    output, model_dir = tmp_path / "vectors.npy", family_dirs["bert"]
+    with model_calls() as calls:
+        main(["--model", str(model_dir), "--input", str(source), "--output", str(output),
+              "--text-field", "first", "--pair-field", "second", "--encoding", "latin-1",
+              "--layers", "-1,-3", "--combine", "mean", "--pool", "last", "--max-length", "12",
+              "--batch-size", "2"])  # fmt: skip
+    vectors = np.load(output)
+    assert vectors.shape == (3, WIDTH)
+    for row, vector in zip(rows, vectors, strict=True):
+        states, _ = model_states(model_dir, row["first"], row["second"], max_length=12)
+        np.testing.assert_allclose(vector, (states[-1][-1] + states[-3][-1]) / 2, atol=1e-5)
+    full, _ = model_states(model_dir, rows[0]["first"], rows[0]["second"])
+    assert len(full[0]) > 12  # the first pair was cut
+    assert sorted(call.batch_size for call in calls) == [1, 2]
+
+
+@proves("embed", "--word-level", "--normalize", "--stride")
+def test_cli_word_vectors_are_unit_means_of_their_pieces_over_windows(
+    family_dirs: dict, tmp_path: Path
+):
+    """Per word, the mean of its pieces' vectors in layer -2, at unit length; a text longer than
+    --max-length 24 is embedded whole, in windows overlapping by --stride 4, not cut."""
+    text = "An unremarkable, overlong sentence."
+    long_text = " ".join(["the river valley and its villages"] * 6)
+    source, output = tmp_path / "texts.txt", tmp_path / "words.jsonl"
+    source.write_text(f"{text}\n{long_text}\n", encoding="utf-8")
+    model_dir = family_dirs["bert"]
+    main(["--model", str(model_dir), "--input", str(source), "--output", str(output),
+          "--layers", "-2", "--combine", "none", "--pool", "none", "--word-level", "--normalize",
+          "--max-length", "24", "--stride", "4"])  # fmt: skip
+    short, long = (json.loads(line) for line in output.read_text(encoding="utf-8").splitlines())
+    states, word_ids = model_states(model_dir, text)
+    long_tokens = AutoTokenizer.from_pretrained(model_dir)(long_text)["input_ids"]
+    assert len(word_ids) <= 24 < len(long_tokens)  # the first in one window, the other not
+    assert short["tokens"] == ["An", "unremarkable", ",", "overlong", "sentence", "."]
+    for word, vector in enumerate(short["vectors"]):
+        pieces = [i for i, owner in enumerate(word_ids) if owner == word]
+        expected = states[-2][pieces].mean(0)
+        np.testing.assert_allclose(vector, expected / expected.norm(), atol=1e-5)
+    assert long["tokens"] == long_text.split()
+
+
+@proves("embed", "--device")
+def test_cli_runs_the_model_on_the_device_given(family_dirs: dict, tmp_path: Path):
+    source = tmp_path / "texts.txt"
+    source.write_text("one text\nanother\n", encoding="utf-8")
+    argv = ["--model", str(family_dirs["gpt"]), "--input", str(source), "--output"]
+    argv += [str(tmp_path / "v.npy"), "--layers", "-1"]
+    with model_calls() as calls:
+        main([*argv, "--device", "cpu"])
+    assert {call.device for call in calls} == {"cpu"}
+    with model_calls() as calls, pytest.raises(NotImplementedError, match="meta"):
+        main([*argv, "--device", "meta"])
+    assert calls[0].device == "meta"

@@ -1,4 +1,8 @@
-"""`egbert generate`: streams a gpt model's continuation; refuses models that cannot generate."""
+"""`egbert generate`: streams a gpt model's continuation; refuses models that cannot generate.
+
+The sampling options are checked on a model whose next-token distribution is fixed and known
+(the same at every position): what --top-k, --top-p and --temperature leave of it is computed
+here from their definitions, and the tokens drawn must come from that."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from option_coverage import proves
 from transformers import AutoTokenizer
 
 from egbert.cli import main as cli
@@ -38,12 +43,64 @@ def gpt_dir(tiny_gpt2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return path
 
 
+# The fixed distribution: four words with these probabilities, the rest of the vocabulary
+# sharing what is left evenly, end-of-text never drawn.
+WORDS = {" cat": 0.2, " dog": 0.15, " bird": 0.1, " fish": 0.05}
+
+
+@pytest.fixture(scope="module")
+def fixed_dir(tiny_gpt2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-layer gpt whose logits are log(WORDS) at every position, whatever the input: its
+    final LayerNorm outputs the unit vector e0 (weight 0, bias e0), and column 0 of the tied
+    output embedding holds the logits."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    config = EgbertGPTConfig(
+        vocab_size=len(tokenizer), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=256, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = EgbertGPTForCausalLM(config)
+    with torch.no_grad():
+        model.gpt.final_norm.weight.zero_()
+        model.gpt.final_norm.bias.zero_()
+        model.gpt.final_norm.bias[0] = 1.0
+        model.lm_head.weight[:, 0] = fixed_logits(tokenizer)
+    path = tmp_path_factory.mktemp("fixed-gpt")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def word_ids(tokenizer) -> dict[str, int]:
+    ids = {word: tokenizer.encode(word) for word in WORDS}
+    assert all(len(token) == 1 for token in ids.values()), ids  # one token each
+    return {word: token[0] for word, token in ids.items()}
+
+
+def fixed_logits(tokenizer) -> torch.Tensor:
+    rest = 1.0 - sum(WORDS.values())
+    probabilities = torch.full((len(tokenizer),), rest / (len(tokenizer) - len(WORDS) - 1))
+    for word, token in word_ids(tokenizer).items():
+        probabilities[token] = WORDS[word]
+    logits = probabilities.log()
+    logits[tokenizer.eos_token_id] = -1e4
+    return logits
+
+
+def drawn(capsys, model: Path, *options: str) -> list[str]:
+    """The words `egbert generate` draws after a prompt, with OPTIONS."""
+    out = run_cli(capsys, "--model", str(model), "--prompt", "Pets:", *options)
+    return [f" {word}" for word in out.split()]
+
+
 def run_cli(capsys: pytest.CaptureFixture, *args: str) -> str:
     capsys.readouterr()
     cli(["generate", *args])
     return capsys.readouterr().out
 
 
+@proves("generate", "--model", "--prompt", "--max-new-tokens")
 def test_cli_streams_the_greedy_continuation(gpt_dir: Path, capsys) -> None:
     out = run_cli(capsys, "--model", str(gpt_dir), "--prompt", PROMPT, "--max-new-tokens", "8")
     tokenizer = AutoTokenizer.from_pretrained(gpt_dir)
@@ -56,7 +113,10 @@ def test_cli_streams_the_greedy_continuation(gpt_dir: Path, capsys) -> None:
     assert PROMPT not in out  # only the continuation is printed
 
 
+@proves("generate", "--seed")
 def test_sampling_with_a_seed_is_reproducible(gpt_dir: Path, capsys) -> None:
+    """The seed is torch's: transformers' own sampling after torch.manual_seed(3) draws the
+    same tokens."""
     args = ["--model", str(gpt_dir), "--prompt", PROMPT, "--max-new-tokens", "12"]
     sampling = ["--temperature", "1.5", "--top-k", "50", "--top-p", "0.95"]
     first = run_cli(capsys, *args, *sampling, "--seed", "3")
@@ -64,6 +124,16 @@ def test_sampling_with_a_seed_is_reproducible(gpt_dir: Path, capsys) -> None:
     other = run_cli(capsys, *args, *sampling, "--seed", "4")
     assert first == second
     assert first != other
+    tokenizer = AutoTokenizer.from_pretrained(gpt_dir)
+    model = EgbertGPTForCausalLM.from_pretrained(gpt_dir).eval()
+    ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    torch.manual_seed(3)
+    expected = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=True,
+        temperature=1.5, top_k=50, top_p=0.95, pad_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    continuation = tokenizer.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
+    assert first.strip() == continuation.strip()
     greedy = generate(gpt_dir, PROMPT, max_new_tokens=12, stream=False)
     assert generate(gpt_dir, PROMPT, max_new_tokens=12, temperature=0, stream=False) == greedy
 
@@ -88,3 +158,39 @@ def test_a_prompt_longer_than_the_positions_is_refused(gpt_dir: Path) -> None:
 def test_invalid_options_are_refused(gpt_dir: Path, option: list[str]) -> None:
     with pytest.raises(SystemExit, match=option[0]):
         cli(["generate", "--model", str(gpt_dir), "--prompt", PROMPT, *option])
+
+
+@proves("generate", "--top-k")
+def test_top_k_draws_only_the_k_likeliest_tokens(fixed_dir: Path, capsys) -> None:
+    words = drawn(capsys, fixed_dir, "--temperature", "1", "--top-k", "2", "--max-new-tokens", "40")
+    assert len(words) == 40 and set(words) == {" cat", " dog"}
+
+
+@proves("generate", "--top-p")
+def test_top_p_draws_from_the_smallest_set_with_that_mass(fixed_dir: Path, capsys) -> None:
+    """Mass 0.4: cat and dog hold 0.35, so bird (0.1) is in the nucleus and fish is not."""
+    ranked = sorted(WORDS, key=WORDS.get, reverse=True)
+    mass = [sum(WORDS[word] for word in ranked[: n + 1]) for n in range(len(ranked))]
+    nucleus = set(ranked[: next(n for n, total in enumerate(mass) if total >= 0.4) + 1])
+    assert nucleus == {" cat", " dog", " bird"}
+    options = ["--temperature", "1", "--top-p", "0.4", "--max-new-tokens", "40", "--seed", "1"]
+    words = drawn(capsys, fixed_dir, *options)
+    assert len(words) == 40 and set(words) == nucleus
+
+
+@proves("generate", "--temperature")
+def test_temperature_sharpens_the_distribution_as_softmax_of_logits_over_t(
+    fixed_dir: Path, capsys
+) -> None:
+    """At T = 0.25 the probabilities are softmax(logits / T): cat's share of 100 draws is
+    binomial around it, where T = 1 would give cat 0.2 and the rest of the vocabulary half."""
+    tokenizer = AutoTokenizer.from_pretrained(fixed_dir)
+    probabilities = (fixed_logits(tokenizer).double() / 0.25).softmax(-1)
+    ids = word_ids(tokenizer)
+    cat = probabilities[ids[" cat"]].item()
+    assert probabilities[list(ids.values())].sum() > 1 - 1e-9  # four words hold it all
+    options = ["--temperature", "0.25", "--max-new-tokens", "100", "--seed", "0"]
+    words = drawn(capsys, fixed_dir, *options)
+    assert len(words) == 100 and set(words) <= set(WORDS)
+    spread = 4.5 * (100 * cat * (1 - cat)) ** 0.5
+    assert abs(words.count(" cat") - 100 * cat) < spread, (words.count(" cat"), 100 * cat)

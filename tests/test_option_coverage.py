@@ -26,11 +26,6 @@ from egbert.cli import COMMANDS
 
 TESTS = Path(__file__).parent
 # The commands whose options other branches of issue 54 prove; emptied when they are merged.
-PROVEN_ON_OTHER_BRANCHES = frozenset(
-    {"finetune", "probe", "prompt-eval", "embed", "generate", "convert", "push", "quickstart"}
-)
-
-
 class _Caught(Exception):
     def __init__(self, parser: ArgumentParser) -> None:
         super().__init__(parser.prog)
@@ -105,8 +100,6 @@ PROVED = proved_options()
 
 @pytest.mark.parametrize("command", list(PARSERS))
 def test_every_option_of_the_command_is_proved_by_a_test(command: str):
-    if command in PROVEN_ON_OTHER_BRANCHES:
-        pytest.skip(f"egbert {command}'s options are proved on another branch of issue 54")
     proved = set(PROVED.get(command, {}))
     unproved = sorted(
         option

@@ -6,13 +6,14 @@ from __future__ import annotations
 import bz2
 import collections
 import gzip
-import importlib.util
 import json
 import lzma
+import sys
 from pathlib import Path
 
 import datasets
 import pytest
+import zstandard
 from datasets import Dataset
 
 from egbert.errors import ConfigError, DataError
@@ -58,24 +59,23 @@ def test_compressed_text_reads_like_the_plain_file(tmp_path: Path):
     (tmp_path / "c.txt.gz").write_bytes(gzip.compress(plain))
     (tmp_path / "c.bz2").write_bytes(bz2.compress(plain))
     (tmp_path / "c.tokens.xz").write_bytes(lzma.compress(plain))
+    (tmp_path / "c.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(plain))
     write_jsonl(tmp_path / "j.jsonl", DOCUMENTS)
     (tmp_path / "j.jsonl.gz").write_bytes(gzip.compress((tmp_path / "j.jsonl").read_bytes()))
-    for name in ("c.txt", "c.txt.gz", "c.bz2", "c.tokens.xz", "j.jsonl.gz"):
+    names = ("c.txt", "c.txt.gz", "c.bz2", "c.tokens.xz", "c.txt.zst", "j.jsonl.gz")
+    for name in names:
         assert texts(sources.load_documents([tmp_path / name])) == DOCUMENTS, name
         assert texts(sources.load_documents([tmp_path / name], streaming=True)) == DOCUMENTS
 
 
-def test_zstandard_text_is_read_or_refused_in_one_line(tmp_path: Path):
+def test_zstandard_text_without_the_package_is_refused_in_one_line(tmp_path, monkeypatch):
     path = tmp_path / "c.txt.zst"
-    if importlib.util.find_spec("zstandard") is None:
-        path.write_bytes(b"(zstd bytes)")
-        with pytest.raises(DataError, match=r"c\.txt\.zst: .*needs the zstandard package"):
-            sources.load_documents([path])
-    else:
-        import zstandard
-
-        path.write_bytes(zstandard.ZstdCompressor().compress("\n\n".join(DOCUMENTS).encode()))
-        assert texts(sources.load_documents([path])) == DOCUMENTS
+    path.write_bytes(zstandard.ZstdCompressor().compress("\n\n".join(DOCUMENTS).encode()))
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # as where it is not installed
+    for streaming in (False, True):
+        with pytest.raises(DataError, match=r"c\.txt\.zst: .*needs the zstandard package") as error:
+            texts(sources.load_documents([path], streaming=streaming))
+        assert "\n" not in str(error.value)
 
 
 def test_saved_data_set_and_a_local_folder_as_the_hub_name(tmp_path: Path):

@@ -4,6 +4,7 @@ probe must succeed (the label is in the text) or fail (the label is noise)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import random
@@ -12,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer
+from model_calls import model_calls
+from option_coverage import proves
+from scipy.stats import pearsonr, spearmanr
+from sklearn.linear_model import RidgeCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from transformers import AutoModel, AutoTokenizer
 
 from egbert.cli import main as cli_main
 from egbert.embedding import load_model
@@ -226,3 +233,75 @@ def test_a_missing_data_dir_or_model_is_one_line(family_dirs, data_dir, tmp_path
         message = error_line(argv, capsys)
         assert message.startswith("egbert probe: error: "), message
         assert "no such folder" in message or "model directory" in message, message
+
+
+# ---------------------------------------------------------------- the command's options
+
+
+def tsv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def stsb_features(model_dir: Path, rows: list[dict[str, str]]) -> np.ndarray:
+    """SentEval's [u, v, |u - v|, u * v] of each pair, u and v the sum of the last four hidden
+    states at [CLS], each sentence run alone: --features last4-sum --pool cls, by hand."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir).eval()
+
+    def vector(text: str) -> np.ndarray:
+        with torch.no_grad():
+            states = model(**tokenizer(text, return_tensors="pt"), output_hidden_states=True)
+        return sum(layer[0, 0] for layer in states.hidden_states[-4:]).numpy()
+
+    u = np.stack([vector(row["sentence1"]) for row in rows])
+    v = np.stack([vector(row["sentence2"]) for row in rows])
+    return np.concatenate([u, v, np.abs(u - v), u * v], axis=1)
+
+
+@proves(
+    "probe", "--model", "--task", "--data-dir", "--features", "--pool", "--max-train-samples",
+    "--seed", "--batch-size", "--output-dir",
+)  # fmt: skip
+def test_the_options_give_scikit_learns_ridge_fit_of_the_vectors_they_name(
+    family_dirs, micro_data, tmp_path
+):
+    """STS-B's probe is a ridge regression on standardized features with alpha chosen by
+    leave-one-out error from 0.01..1e5 (the command's help): scikit-learn's RidgeCV on the
+    features computed here, fitted on 20 training rows drawn with numpy's generator seeded 3,
+    gives scipy's correlations on dev that the command reports."""
+    glue, out = micro_data / "glue", tmp_path / "probe"
+    argv = ["probe", "--model", str(family_dirs["bert"]), "--task", "stsb", "--data-dir", str(glue)]
+    argv += ["--features", "last4-sum", "--pool", "cls", "--max-train-samples", "20"]
+    with model_calls() as calls:
+        cli_main([*argv, "--seed", "3", "--batch-size", "5", "--no-bf16", "--output-dir", str(out)])
+    stsb = json.loads((out / "probe_results.json").read_text())["tasks"]["stsb"]
+    train, dev = (tsv_rows(glue / "STS-B" / f"{name}.tsv") for name in ("train", "dev"))
+    features = stsb_features(family_dirs["bert"], train + dev)
+    dev_x, dev_y = features[len(train) :], [float(row["score"]) for row in dev]
+    found = {}
+    for seed in (3, 0):  # 0: the default, which a seed ignored would draw with
+        drawn = np.sort(np.random.default_rng(seed).choice(len(train), size=20, replace=False))
+        ridge = make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-2, 5, 8)))
+        ridge.fit(features[drawn], [float(train[i]["score"]) for i in drawn])
+        found[seed] = ridge.predict(dev_x)
+    metrics = stsb["metrics"]["validation"]
+    assert stsb["n_train"] == 20 and stsb["n_dev"] == len(dev)
+    assert metrics["pearson"] == pytest.approx(pearsonr(found[3], dev_y)[0], abs=1e-4)
+    assert metrics["spearmanr"] == pytest.approx(spearmanr(found[3], dev_y)[0], abs=1e-4)
+    assert abs(pearsonr(found[0], dev_y)[0] - pearsonr(found[3], dev_y)[0]) > 1e-3
+    assert max(call.batch_size for call in calls) == 5  # 20 + 16 sentences per column
+
+
+@proves("probe", "--device", "--bf16")
+def test_the_model_runs_on_the_device_and_precision_given(family_dirs, micro_data):
+    """bf16 autocast on or off as asked, and on the device named: moved to the meta device, the
+    model's weights are where autocast refuses to go (only the model's own device is asked)."""
+    argv = ["probe", "--model", str(family_dirs["gpt"]), "--task", "rte", "--data-dir"]
+    argv += [str(micro_data / "glue"), "--features", "last"]
+    for flag, autocast in (("--bf16", True), ("--no-bf16", False)):
+        with model_calls() as calls:
+            cli_main([*argv, flag, "--device", "cpu"])
+        assert {(call.device, call.autocast) for call in calls} == {("cpu", autocast)}
+    with pytest.raises(RuntimeError, match="autocast device_type 'meta'"):
+        cli_main([*argv, "--no-bf16", "--device", "meta"])

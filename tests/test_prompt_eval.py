@@ -4,13 +4,17 @@ rows of the shared GLUE files. Scores are checked against the model's own logits
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer
+from model_calls import model_calls
+from option_coverage import proves
+from sklearn.metrics import accuracy_score
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from egbert.cli import main as cli_main
 from egbert.errors import DataError
@@ -158,6 +162,7 @@ def test_demonstrations_are_balanced_seeded_and_dropped_whole():
     assert fitted_context(demonstrations, [7, 8], 1) == ([8], 0)  # the query's end stays
 
 
+@proves("prompt-eval", "--shots")
 def test_all_five_tasks_with_0_and_k_shots(gpt_dir, glue_dir, tmp_path, capsys):
     argv = ["prompt-eval", "--model", str(gpt_dir), "--task", "all", "--shots", "0", "2"]
     argv += ["--calibrate", "--max-eval-samples", "10", "--data-dir", str(glue_dir)]
@@ -238,3 +243,78 @@ def test_bad_input_ends_in_one_line(model, args, expected, gpt_dir, bert_dir, gl
     )
     assert message.startswith("egbert prompt-eval: error: ") and expected in message, message
     assert "\n" not in message
+
+
+# ---------------------------------------------------------------- the command's options
+
+RTE_FORMAT = "{sentence1}\nQuestion: {sentence2} True or False?\nAnswer:"  # GPT-3's RTE prompt
+RTE_ANSWERS = (" True", " False")  # entailment, not_entailment
+
+
+def zero_shot_predictions(model_dir: Path, rows: list[dict[str, str]]) -> dict[str, np.ndarray]:
+    """Each row's answer with the larger log-likelihood, raw and calibrated against the
+    content-free "N/A" prompt (log p - log p_cf, both normalized over the answers), by hand."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    answers = [tokenizer.encode(answer) for answer in RTE_ANSWERS]
+
+    def scores(example: dict[str, str]) -> np.ndarray:
+        context = tokenizer.encode(RTE_FORMAT.format(**example))
+        return np.array([by_hand(model, context, answer) for answer in answers])
+
+    def normalized(log_likelihoods: np.ndarray) -> np.ndarray:
+        return log_likelihoods - np.logaddexp.reduce(log_likelihoods, axis=-1, keepdims=True)
+
+    raw = np.stack([scores(row) for row in rows])
+    free = scores({"sentence1": "N/A", "sentence2": "N/A"})
+    calibrated = normalized(raw) - normalized(free)
+    return {"raw": raw.argmax(1), "calibrated": calibrated.argmax(1)}
+
+
+@proves(
+    "prompt-eval", "--model", "--task", "--data-dir", "--calibrate", "--max-eval-samples",
+    "--seed", "--batch-size", "--output-dir",
+)  # fmt: skip
+def test_zero_shot_scores_are_the_models_own_likeliest_answers(gpt_dir, glue_dir, tmp_path):
+    """8 dev rows drawn with numpy's generator seeded 4, each answered by the likelier of
+    " True" and " False" after the prompt (and after calibration): scikit-learn's accuracy of
+    those answers is what the command reports."""
+    out = tmp_path / "prompts"
+    argv = ["prompt-eval", "--model", str(gpt_dir), "--task", "rte", "--data-dir", str(glue_dir)]
+    argv += ["--shots", "0", "--calibrate", "--max-eval-samples", "8", "--seed", "4"]
+    with model_calls() as calls:
+        cli_main([*argv, "--batch-size", "3", "--no-bf16", "--output-dir", str(out)])
+    rte = json.loads((out / "prompt_eval_results.json").read_text())["tasks"]["rte"]
+    with (glue_dir / "RTE" / "dev.tsv").open(encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    predictions = zero_shot_predictions(gpt_dir, rows)
+    labels = np.array([0 if row["label"] == "entailment" else 1 for row in rows])
+    accuracy = {}
+    for seed in (4, 0):  # 0: the default, which a seed ignored would draw with
+        drawn = np.sort(np.random.default_rng(seed).choice(len(rows), size=8, replace=False))
+        accuracy[seed] = {
+            kind: accuracy_score(labels[drawn], found[drawn]) for kind, found in predictions.items()
+        }
+    # the draws and the calibration differ here, so an option ignored would show
+    assert accuracy[4]["raw"] != accuracy[4]["calibrated"]
+    assert all(accuracy[4][kind] != accuracy[0][kind] for kind in predictions)
+    entry = rte["shots"]["0"]
+    assert rte["n_eval"] == 8
+    assert entry["metrics"]["validation"]["accuracy"] == accuracy[4]["raw"]
+    assert entry["calibrated"]["metrics"]["validation"]["accuracy"] == accuracy[4]["calibrated"]
+    # 8 examples x 2 answers, then the content-free prompt's 2, in forwards of 3 sequences
+    assert [call.batch_size for call in calls] == [3, 3, 3, 3, 3, 1, 2]
+
+
+@proves("prompt-eval", "--device", "--bf16")
+def test_the_model_runs_on_the_device_and_precision_given(gpt_dir, glue_dir):
+    """bf16 autocast on or off as asked, and on the device named: moved to the meta device, the
+    model's weights are where autocast refuses to go (only the model's own device is asked)."""
+    argv = ["prompt-eval", "--model", str(gpt_dir), "--task", "rte", "--data-dir", str(glue_dir)]
+    argv += ["--max-eval-samples", "2"]
+    for flag, autocast in (("--bf16", True), ("--no-bf16", False)):
+        with model_calls() as calls:
+            cli_main([*argv, flag, "--device", "cpu"])
+        assert {(call.device, call.autocast) for call in calls} == {("cpu", autocast)}
+    with pytest.raises(RuntimeError, match="autocast device_type 'meta'"):
+        cli_main([*argv, "--no-bf16", "--device", "meta"])

@@ -5,10 +5,14 @@ the Hub."""
 
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from huggingface_hub import constants
+import yaml
+from huggingface_hub import HfApi, constants
+from option_coverage import proves
 
 from egbert.cli import main as cli
 from egbert.errors import ConfigError
@@ -57,6 +61,7 @@ def expected_files(run: Path) -> list[str]:
     return sorted(path.name for path in (run / "model").iterdir() if path.name != NOT_FOR_THE_HUB)
 
 
+@proves("push", "--repo-id", "--folder", "--dry-run")
 def test_dry_run_lists_the_model_files_of_a_run_directory(run_dir: Path, capsys) -> None:
     plan = push_to_hub(run_dir, REPO_ID, dry_run=True)
     assert plan.folder == run_dir / "model"
@@ -68,8 +73,24 @@ def test_dry_run_lists_the_model_files_of_a_run_directory(run_dir: Path, capsys)
     listed = [line.split()[0] for line in out.splitlines()[1:]]
     assert listed == expected_files(run_dir)
     assert out.startswith(f"would upload {len(listed)} files")
+    assert out.splitlines()[0].endswith(f"from {run_dir / 'model'} to {REPO_ID}:")
     for leftover in ("checkpoints", "optimizer.bin", "metrics.jsonl", "loss.png"):
         assert leftover not in out
+
+
+@proves("push", "--config", "--print-config")
+def test_the_options_come_back_from_the_printed_config(run_dir: Path, tmp_path, capsys) -> None:
+    argv = ["push", "--repo-id", REPO_ID, "--folder", str(run_dir), "--dry-run"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli([*argv, "--private", "--print-config"])
+    printed = capsys.readouterr().out
+    assert exit_info.value.code == 0 and yaml.safe_load(printed) == {
+        "repo_id": REPO_ID, "folder": str(run_dir), "private": True, "revision": None,
+        "commit_message": None, "dry_run": True,
+    }  # fmt: skip
+    (tmp_path / "push.yaml").write_text(printed, encoding="utf-8")
+    cli(["push", "--config", str(tmp_path / "push.yaml")])
+    assert capsys.readouterr().out.startswith(f"would upload {len(expected_files(run_dir))} ")
 
 
 def test_a_model_folder_with_training_leftovers_is_refused(run_dir: Path) -> None:
@@ -114,3 +135,70 @@ def test_an_unreachable_hub_fails_in_one_line(run_dir: Path, monkeypatch) -> Non
     message = str(exit_info.value)
     assert "cannot reach the Hub at http://127.0.0.1:9" in message
     assert "\n" not in message
+
+
+class HubRoot(BaseHTTPRequestHandler):
+    """The Hub's front page, as the reachability check asks for it (HEAD: 200)."""
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def local_hub(monkeypatch) -> list[tuple[str, dict]]:
+    """A Hub that answers at a local address and records what is asked of it: the reachability
+    check is egbert's own, against a local HTTP server; the token check and the three calls an
+    upload makes (huggingface_hub's HfApi methods; the real Hub is out of reach here) are
+    recorded with their arguments."""
+    server = HTTPServer(("127.0.0.1", 0), HubRoot)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    calls: list[tuple[str, dict]] = []
+
+    def recorder(name: str):
+        def record(self, *args, **kwargs):
+            calls.append((name, {"args": args, **kwargs}))
+            return {"name": "someone"}
+
+        return record
+
+    for name in ("whoami", "create_repo", "create_branch", "upload_folder"):
+        monkeypatch.setattr(HfApi, name, recorder(name))
+    yield calls
+    server.shutdown()
+
+
+@proves("push", "--private", "--revision", "--commit-message")
+def test_an_upload_asks_the_hub_for_the_repository_branch_and_commit_given(
+    run_dir: Path, local_hub: list, capsys
+) -> None:
+    argv = ["push", "--repo-id", REPO_ID, "--folder", str(run_dir), "--private"]
+    cli([*argv, "--revision", "dev", "--commit-message", "tiny gpt, first try"])
+    calls = dict(local_hub)
+    assert [name for name, _ in local_hub] == [
+        "whoami",
+        "create_repo",
+        "create_branch",
+        "upload_folder",
+    ]
+    repo, branch = calls["create_repo"], calls["create_branch"]
+    assert repo["args"] == (REPO_ID,) and repo["private"] is True
+    assert branch["args"] == (REPO_ID,) and branch["branch"] == "dev"
+    upload = calls["upload_folder"]
+    assert upload["repo_id"] == REPO_ID and upload["revision"] == "dev"
+    assert upload["commit_message"] == "tiny gpt, first try"
+    assert Path(upload["folder_path"]) == run_dir / "model"
+    assert sorted(upload["allow_patterns"]) == expected_files(run_dir)
+    assert capsys.readouterr().out.startswith("uploaded ")
+
+    local_hub.clear()  # the defaults: public, main, egbert's own message
+    cli(["push", "--repo-id", REPO_ID, "--folder", str(run_dir)])
+    calls = dict(local_hub)
+    assert "create_branch" not in calls and calls["create_repo"]["private"] is False
+    assert calls["upload_folder"]["revision"] is None
+    assert calls["upload_folder"]["commit_message"] == "Upload model with egbert push"

@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 from accelerate.state import AcceleratorState, GradientState
+from option_coverage import proves
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 import egbert
 from egbert.errors import ConfigError, DataError
@@ -23,7 +26,7 @@ from egbert.quickstart.budget import Budget, Plan
 from egbert.quickstart.planner import FinetuneChoice, RunPlan
 from egbert.quickstart.report import Row
 from egbert.quickstart.run import main
-from egbert.quickstart.steps import export_hub_corpus
+from egbert.quickstart.steps import export_hub_corpus, finetune_options
 from egbert.runtime import bf16_pays_off
 
 FINETUNED = ["bert", "bert (no pretraining)", "gpt", "elmo"]
@@ -32,7 +35,11 @@ PROBED = [name for f in ("bert", "gpt", "elmo") for name in (f, f"{f} (no pretra
 PROBED += ["majority class"]
 TASKS = ["rte", "stsb"]
 RECIPES = Path(egbert.__file__).parent / "configs" / "recipes"
-MICRO = ["--budget-minutes", "0.5", "--vocab-size", "600", "--tasks", *TASKS]
+MICRO = ["--budget-minutes", "0.5", "--vocab-size", "600", "--tasks", *TASKS, "--seed", "7"]
+MICRO += ["--heads", "last4-sum-frozen"]  # not the default's cls: the head alone trains
+# a preset file smaller than tiny, the same for every family (each takes the fields it knows)
+PRESET = {"hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2}
+PRESET |= {"intermediate_size": 96, "cell_size": 96, "max_position_embeddings": 128}
 
 
 def table_rows(table: str) -> list[str]:
@@ -44,6 +51,9 @@ def finished_run(micro_data: Path, tmp_path_factory, subprocess_env) -> Path:
     """A run stopped by SIGTERM while bert pretrains (it must say so in one line and exit 0),
     then run again in this process to the end."""
     out = tmp_path_factory.mktemp("quickstart") / "run"
+    preset = out.parent / "preset.yaml"
+    preset.write_text(yaml.safe_dump(PRESET), encoding="utf-8")
+    MICRO.extend(["--preset", str(preset)])  # the other tests' runs share it
     argv = ["--data", str(micro_data), "--output-dir", str(out), *MICRO]
     command = [sys.executable, "-m", "egbert.cli", "quickstart", *argv]
     process = subprocess.Popen(
@@ -68,6 +78,7 @@ def finished_run(micro_data: Path, tmp_path_factory, subprocess_env) -> Path:
     return out
 
 
+@proves("quickstart", "--data", "--output-dir", "--tasks")
 def test_every_table_has_a_number_for_every_model_and_task(finished_run: Path):
     report = json.loads((finished_run / "results.json").read_text())
     assert report["tasks"] == TASKS
@@ -112,11 +123,37 @@ def test_every_table_has_a_number_for_every_model_and_task(finished_run: Path):
     assert pretrain_args["pretrain"]["nsp"] == recipe["quickstart-pretrain"]["nsp"] is False
     twin = json.loads((finished_run / "pretrain/bert-random/model/config.json").read_text())
     assert twin["architectures"] == ["EgbertBertForMaskedLM"]
-    head = json.loads((finished_run / "finetune/bert/cls/rte-seed42/model/config.json").read_text())
-    assert head["classifier_features"] == "cls"  # the cls head is BERT's [CLS] head
     assert set(report["margins_over_twin"]) == {
         "fine-tuning, bert", "probe, bert", "probe, gpt", "probe, elmo"
     }  # fmt: skip
+
+
+@proves("quickstart", "--budget-minutes", "--vocab-size", "--seed", "--heads", "--preset")
+def test_the_run_has_the_budget_vocabulary_seed_heads_and_size_asked(finished_run: Path):
+    report = json.loads((finished_run / "results.json").read_text())
+    planned = report["plan"]["run_plan"]["seconds"]
+    # the evaluation's share of half a minute (too little for the rest: each pretraining run
+    # takes its measured start-up cost beyond its share)
+    assert planned["evaluation"] == pytest.approx(options.EVALUATION_SHARE * 30)
+    assert len(AutoTokenizer.from_pretrained(finished_run / "tokenizer")) == 600
+    pretrain = json.loads((finished_run / "pretrain/bert/pretrain_args.json").read_text())
+    assert pretrain["training"]["seed"] == 7
+    run = finished_run / "finetune/bert/last4-sum-frozen/rte-seed7"
+    head = json.loads((run / "model/config.json").read_text())
+    assert head["classifier_features"] == "last4-sum"
+    # frozen: the encoder's weights are the pretrained bert's
+    pretrained = load_file(finished_run / "pretrain/bert/model/model.safetensors")
+    tuned = load_file(run / "model/model.safetensors")
+    name = "bert.layers.0.attention.qkv.weight"
+    assert tuned[name].equal(pretrained[name])
+    for family in ("bert", "gpt", "elmo"):  # the preset file's size, pretrained and twin
+        for model in (family, f"{family}-random"):
+            config = json.loads((finished_run / f"pretrain/{model}/model/config.json").read_text())
+            assert config["hidden_size"] == PRESET["hidden_size"], model
+    # quickstart's summary-vector head for bert is BERT's [CLS] head at its recipe's lr
+    bert_cls = finetune_options(finished_run / "pretrain/bert", "rte", "cls", 7, None, False)
+    recipe = yaml.safe_load((RECIPES / "bert.yaml").read_text())["quickstart-finetune"]
+    assert bert_cls["features"] == "cls" and bert_cls["lr"] == recipe["lr"]
 
 
 def test_a_rerun_reuses_every_finished_step(
@@ -283,6 +320,7 @@ def test_missing_data_says_how_to_point_at_it(tmp_path: Path):
         main(["--data", str(tmp_path), "--output-dir", str(tmp_path / "out")])
 
 
+@proves("quickstart", "--from-hub")
 def test_from_hub_fails_fast_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()

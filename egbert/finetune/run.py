@@ -409,16 +409,26 @@ def model_card_info(task: Task, args: FinetuneArguments) -> ModelCardInfo:
 # ---------------------------------------------------------------- one task
 
 
-def run_task(
-    task: Task,
-    args: FinetuneArguments,
-    training: TrainingArguments,
-    output_dir: Path,
-    predictions_dir: Path,
-) -> dict | None:
-    """Fine-tune on one task; returns (and writes) its eval_results.json, or None when a
-    signal stopped the run (a checkpoint to --resume from is saved)."""
-    start = time.perf_counter()
+@dataclass
+class TaskTrainer:
+    """One task's trainer, ready to train (`finetuning_trainer`), and what its results need:
+    the dev and test splits as read, the dev splits' names, the names of the metrics computed,
+    the tokenizer, the sequence length and the number of training examples."""
+
+    trainer: Trainer
+    splits: dict[str, datasets.Dataset]
+    dev_names: list[str]
+    metric_names: set[str]
+    tokenizer: PreTrainedTokenizerBase
+    max_length: int
+    train_examples: int
+
+
+def finetuning_trainer(
+    task: Task, args: FinetuneArguments, training: TrainingArguments, output_dir: Path
+) -> TaskTrainer:
+    """The task's trainer over the model, the data and the options named (what `run_task`
+    trains; the tests read each option's effect off it)."""
     model_dir = resolve_model_dir(args.model)
     backbone = read_backbone_config(model_dir)
     tokenizer = load_task_tokenizer(model_dir, backbone)
@@ -459,6 +469,23 @@ def run_task(
         card=model_card_info(task, args),
         epoch_ends=True,  # evaluate on dev and checkpoint after every epoch, unless asked
     )
+    return TaskTrainer(
+        trainer, splits, dev_names, metric_names, tokenizer, max_length, len(train_set)
+    )
+
+
+def run_task(
+    task: Task,
+    args: FinetuneArguments,
+    training: TrainingArguments,
+    output_dir: Path,
+    predictions_dir: Path,
+) -> dict | None:
+    """Fine-tune on one task; returns (and writes) its eval_results.json, or None when a
+    signal stopped the run (a checkpoint to --resume from is saved)."""
+    start = time.perf_counter()
+    built = finetuning_trainer(task, args, training, output_dir)
+    trainer, dev_names, metric_names = built.trainer, built.dev_names, built.metric_names
     trainer.accelerator.print(f"egbert finetune: {task.name} -> {output_dir}", flush=True)
     outcome = trainer.train()
     if outcome.interrupted:  # a signal: the trainer saved a checkpoint and said so
@@ -467,7 +494,9 @@ def run_task(
     history = [record for record in outcome.history if record["split"] == "eval"]
     predictions = {}
     if args.predict:  # the trainer holds the best epoch's model
-        predictions = predict_test_sets(task, splits, trainer, tokenizer, max_length, args)
+        predictions = predict_test_sets(
+            task, built.splits, trainer, built.tokenizer, built.max_length, args
+        )
         if trainer.accelerator.is_main_process:
             predictions = write_test_predictions(predictions, predictions_dir)
     results = {
@@ -477,7 +506,7 @@ def run_task(
         "score": outcome.metrics["score"],
         "best_epoch": next(r["epoch"] for r in history if r["step"] == outcome.best_step),
         "epochs": training.epochs,
-        "train_examples": len(train_set),
+        "train_examples": built.train_examples,
         "train_seconds": round(outcome.elapsed_seconds, 1),
         "seconds": round(time.perf_counter() - start, 1),
         "history": [
