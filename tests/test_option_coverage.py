@@ -25,7 +25,8 @@ from egbert.arguments import ArgumentParser
 from egbert.cli import COMMANDS
 
 TESTS = Path(__file__).parent
-# The commands whose options other branches of issue 54 prove; emptied when they are merged.
+
+
 class _Caught(Exception):
     def __init__(self, parser: ArgumentParser) -> None:
         super().__init__(parser.prog)
