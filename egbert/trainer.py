@@ -83,7 +83,6 @@ WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACC
 
 # torch._dynamo settings of --compile: bert's sparse MLM head selects the masked positions
 # (a size known only from the data) and elmo runs nn.LSTM, both graph breaks without these.
-# They hold only while the trainer runs the model (Trainer._compile_settings).
 COMPILE_SETTINGS = {"capture_dynamic_output_shape_ops": True, "allow_rnn": True}
 
 
@@ -557,9 +556,8 @@ class Trainer:
             return self.evaluator.predict(dataset)
 
     def _compile_settings(self) -> AbstractContextManager:
-        """With --compile, torch._dynamo's COMPILE_SETTINGS while the model runs (dynamo traces
-        at the first call of each shape), put back as found when it stops: a later run in the
-        same process, compiled or eager, starts from the process's own settings."""
+        """With --compile, COMPILE_SETTINGS while the model runs (dynamo traces at each shape's
+        first call), then the process's own again: a later run starts from those."""
         return torch._dynamo.config.patch(COMPILE_SETTINGS) if self.args.compile else nullcontext()
 
     def _evaluate_and_track(self) -> dict[str, float]:

@@ -107,7 +107,7 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
         "report_to": ["none"], "resume": True, "resume_anyway": True,
         "metric_for_best_model": "loss", "greater_is_better": False, "num_workers": 1,
         "compile": True, "compile_mode": "max-autotune", "use_cpu": True,
-        "ddp_find_unused_parameters": True,
+        "ddp_find_unused_parameters": True, "resume_from_checkpoint": "o/checkpoints/step-3",
     }  # fmt: skip
     argv = []
     for name, value in values.items():
@@ -120,9 +120,15 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
     from_python = arguments_from_options(types, values, finetuning_recipe(values))
     assert from_python == parse_finetune_args(argv)
     names = {name for cls in types for name in cls.__dataclass_fields__}
-    assert set(values) == names, "the test gives every option"
+    # --overwrite-output-dir starts over where --resume goes on: given apart
+    overwrite = {"model": "m", "output_dir": "o", "overwrite_output_dir": True}
+    from_python_overwrite = arguments_from_options(types, overwrite, finetuning_recipe(overwrite))
+    from_argv = parse_finetune_args(["--model", "m", "--output-dir", "o", "--overwrite-output-dir"])
+    assert from_python_overwrite == from_argv and from_argv[1].overwrite_output_dir is True
+    assert set(values) | set(overwrite) == names, "the test gives every option"
     defaults = parse_finetune_args(["--model", "m", "--output-dir", "o"])
-    kept = {"model", "output_dir", "grad_accum"}  # --batch-ramp-to accumulates by itself
+    # --batch-ramp-to accumulates by itself; --overwrite-output-dir is given apart above
+    kept = {"model", "output_dir", "grad_accum", "overwrite_output_dir"}
     for instance, default in zip(from_python, defaults, strict=True):
         for name, value in vars(instance).items():
             if name not in kept:

@@ -180,6 +180,7 @@ MAY_CHANGE = {
     "output_dir", "resume", "resume_anyway", "log_every", "eval_every", "save_every",
     "keep_checkpoints", "report_to", "num_workers", "skip_nonfinite", "num_proc",
     "card_datasets", "license", "base_model_id", "predict", "test_file",
+    "resume_from_checkpoint", "overwrite_output_dir",  # which checkpoint a run starts from
 }  # fmt: skip
 MAY_GROW = {"max_steps", "epochs", "budget_minutes"}
 

@@ -578,6 +578,7 @@ def mapped_while_holding_64_mib():
     return mallinfo2().hblkhd
 before = mapped_while_holding_64_mib()
 sys.argv = ["test_trainer.py", json.dumps({"out": OUT, "max_steps": 2, "use_cpu": True})]
+sys.path.insert(0, TEST_FILE.rsplit("/", 1)[0])  # its imports of the tests' helpers
 runpy.run_path(TEST_FILE, run_name="__main__")  # trains 2 steps with egbert's Trainer
 print(before, mapped_while_holding_64_mib())
 """
