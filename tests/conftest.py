@@ -92,8 +92,13 @@ def one_thread_and_fresh_accelerate():
     slower. Accelerate keeps process-wide singletons; each test builds its own Accelerator."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    fresh_accelerate()  # whatever an earlier test in this process left
     yield
     torch.set_num_threads(threads)
+    fresh_accelerate()
+
+
+def fresh_accelerate() -> None:
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
 

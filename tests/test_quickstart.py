@@ -150,10 +150,16 @@ def test_the_run_has_the_budget_vocabulary_seed_heads_and_size_asked(finished_ru
         for model in (family, f"{family}-random"):
             config = json.loads((finished_run / f"pretrain/{model}/model/config.json").read_text())
             assert config["hidden_size"] == PRESET["hidden_size"], model
-    # quickstart's summary-vector head for bert is BERT's [CLS] head at its recipe's lr
+    # quickstart's summary-vector head for bert is its recipe's (the last four layers
+    # mean-pooled); the other heads read what their names say
     bert_cls = finetune_options(finished_run / "pretrain/bert", "rte", "cls", 7, None, False)
     recipe = yaml.safe_load((RECIPES / "bert.yaml").read_text())["quickstart-finetune"]
-    assert bert_cls["features"] == "cls" and bert_cls["lr"] == recipe["lr"]
+    assert (
+        (bert_cls["features"], bert_cls["pool"])
+        == ("last4-concat", "mean")
+        == (recipe["features"], recipe["pool"])
+    )
+    assert bert_cls["lr"] == recipe["lr"]
 
 
 def test_a_rerun_reuses_every_finished_step(
