@@ -77,10 +77,11 @@ def matmul_gflops(device: str, dtype: torch.dtype, size: int = 256, repeats: int
 
 def matmul_peak_flops(device: str, dtype: torch.dtype, repeats: int = 3) -> float:
     """FLOP/s of a large square matmul at `dtype`, the peak MFU is measured against: 8192 wide
-    on a GPU (a small product falls far short of its peak), 2048 on a CPU. Measured once per
-    process and dtype (matmul_gflops caches it), so the trainer's log and scripts/bench.py
-    divide by the same number."""
-    size = 2048 if torch.device(device).type == "cpu" else 8192
+    on a GPU (a small product falls far short of its peak), 1024 on a CPU (as fast there as
+    2048, in a sixth of the time every process spends on it). Measured once per process and
+    dtype (matmul_gflops caches it), so the trainer's log and scripts/bench.py divide by the
+    same number."""
+    size = 1024 if torch.device(device).type == "cpu" else 8192
     return matmul_gflops(str(device), dtype, size, repeats) * 1e9
 
 

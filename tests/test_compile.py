@@ -139,6 +139,7 @@ def test_compile_trains_saves_plain_names_and_resumes(
     assert files_naming(out, b"_orig_mod") == []
 
 
+@pytest.mark.slow
 def test_a_compiled_run_leaves_the_process_as_it_found_it(
     tiny_egbert_bert_dir, micro_data, tmp_path, subprocess_env
 ):

@@ -50,6 +50,7 @@ def table_line(text: str, start: str) -> list[str]:
     return [cell.strip() for cell in line.strip("|").split("|")]
 
 
+@pytest.mark.slow
 def test_gpu_check_without_suite_and_quickstart_kills_and_resumes(
     tmp_path, subprocess_env, data_dir
 ):
@@ -70,6 +71,7 @@ def test_gpu_check_without_suite_and_quickstart_kills_and_resumes(
     assert (engine, missing, ok) == ("NO", "0", "ok") and difference.startswith("0 ")
 
 
+@pytest.mark.slow
 def test_gpu_perf_tiny_fills_every_row(tmp_path, subprocess_env, data_dir):
     out = tmp_path / "perf"
     env = {**subprocess_env, "EGBERT_DATA": str(data_dir)}

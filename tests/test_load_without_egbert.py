@@ -201,6 +201,7 @@ MODEL_FILES = {"layers.py", "kernels.py"}
 CLASSIFIER_FILES = MODEL_FILES | {"heads.py", "bert.py", "gpt.py", "elmo.py"}
 
 
+@pytest.mark.slow
 def test_every_folder_names_its_auto_classes_and_holds_their_files(loaded) -> None:
     root, without, _ = loaded
     for folder, expected in EXPECTED_AUTO_MAPS.items():

@@ -219,6 +219,7 @@ def test_pretrain_from_a_folder_equals_pretrain_from_the_files(
         torch.testing.assert_close(second[name], tensor, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_from_a_folder_equals_a_clean_run(
     corpus, tiny_tokenizer_dir, tmp_path, subprocess_env
 ):

@@ -250,6 +250,7 @@ def _newest_checkpoint_epoch(out: Path) -> int:
     return max(epochs)
 
 
+@pytest.mark.slow
 def test_sigkill_in_the_second_epoch_then_resume_equals_a_clean_run(
     corpus, tiny_tokenizer_dir, tmp_path, subprocess_env
 ):

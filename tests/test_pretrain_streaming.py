@@ -161,6 +161,7 @@ def _newest_step(out: Path) -> int:
     return max(steps, default=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "gpt"])
 def test_a_killed_streamed_run_resumes_to_the_clean_runs_weights(
     family, short_corpus, tiny_tokenizer_dir, tmp_path, subprocess_env

@@ -78,6 +78,7 @@ def finished_run(micro_data: Path, tmp_path_factory, subprocess_env) -> Path:
     return out
 
 
+@pytest.mark.slow
 @proves("quickstart", "--data", "--output-dir", "--tasks")
 def test_every_table_has_a_number_for_every_model_and_task(finished_run: Path):
     report = json.loads((finished_run / "results.json").read_text())

@@ -61,6 +61,7 @@ def _reset_accelerate() -> None:
     GradientState._reset_state()
 
 
+@pytest.mark.slow
 def test_the_table_has_a_finite_number_for_every_model_and_task(finished_run: Path):
     report = json.loads((finished_run / "results.json").read_text())
     assert report["tasks"] == TASKS
@@ -158,6 +159,7 @@ def test_more_finetuning_seeds_keep_the_first_seeds_runs_and_report_the_mean(
         assert cells[3] == pytest.approx(abs(cells[0] - cells[1]), abs=0.11)
 
 
+@pytest.mark.slow
 def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path, micro_data: Path):
     before = json.loads((finished_run / "results.json").read_text())["scores"]
     egbert_weights = finished_run / "pretrain" / "egbert" / "model" / "model.safetensors"

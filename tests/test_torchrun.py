@@ -107,6 +107,7 @@ def assert_trained_once_on_two_processes(out: Path) -> None:
     assert log.count("egbert: training on 2 process(es)") == 1  # the main process only
 
 
+@pytest.mark.slow
 def test_pretrain_on_two_processes_equals_one_with_the_double_batch(launch, tmp_path):
     two, one = launch["root"] / "files", tmp_path / "one"
     run_pretraining(**launch["jobs"]["files"], batch_size=8, output_dir=str(one), use_cpu=True)

@@ -1,7 +1,8 @@
 """Tests of egbert.trainer against a tiny real next-token model (no BERT/GPT/ELMo needed).
 
 Run as a script (`python tests/test_trainer.py '{json options}'`) the file trains that model in
-a subprocess, which the kill / SIGTERM / resume tests start and interrupt.
+a process of its own (the memory tests'). Kill, stop and resume are proved on the real commands
+(tests/test_faults.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import math
 import os
 import platform
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -102,7 +102,7 @@ class NoisyCollator:
         self.epoch = epoch
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
-        time.sleep(self.sleep)  # lets the subprocess tests catch a run in the middle
+        time.sleep(self.sleep)  # a slow collator: the budget tests' steps take time
         labels = torch.tensor([example["input_ids"] for example in examples])
         inputs = labels.clone()
         for row, example in enumerate(examples):
@@ -494,64 +494,7 @@ def test_training_time_counts_the_updates_but_not_evaluation(tmp_path):
     assert 5 * 0.1 <= result.elapsed_seconds < 5 * 0.1 + 1.0
 
 
-# ---------------------------------------------------------------- kill, stop and resume
-
-
-def _start(out: Path, env: dict[str, str], **options) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, __file__, json.dumps({"out": str(out), **options})],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def _wait_for_checkpoint(process: subprocess.Popen, out: Path, min_step: int) -> int:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        steps = [
-            int(p.name.removeprefix("step-"))
-            for p in (out / "checkpoints").glob("step-*")
-            if (p / "trainer_state.json").is_file()
-        ]
-        if steps and max(steps) >= min_step:
-            return max(steps)
-        if process.poll() is not None:
-            pytest.fail(f"run ended before checkpoint {min_step}:\n{process.stdout.read()}")
-        time.sleep(0.005)
-    pytest.fail(f"no checkpoint {min_step} after 60 s")
-
-
-def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path, subprocess_env):
-    """SIGKILL in epoch 1, SIGTERM in epoch 2, then resume to the end: the weights and the final
-    loss equal those of a run never interrupted (fp32, CPU)."""
-    options = {"epochs": 3, "max_steps": None, "save_every": 2, "keep_checkpoints": 2}
-    reference = make_trainer(tmp_path / "reference", **options)
-    reference.train()
-    out = tmp_path / "interrupted"
-    for kill_after, how in ((8, signal.SIGKILL), (14, signal.SIGTERM)):
-        process = _start(out, subprocess_env, sleep=0.04, resume=True, **options)
-        seen = _wait_for_checkpoint(process, out, kill_after)
-        process.send_signal(how)
-        output = process.communicate(timeout=60)[0]
-        if how == signal.SIGKILL:
-            assert process.returncode == -signal.SIGKILL, output
-        else:
-            assert process.returncode == 0, output
-            assert "stopping after this step" in output and "stopped at step" in output
-            assert not (out / "model").exists()  # a checkpoint, not a final model
-        newest = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step-*"))
-        assert newest >= seen
-    last = _start(out, subprocess_env, resume=True, **options)
-    output = last.communicate(timeout=120)[0]
-    assert last.returncode == 0, output
-    assert "resumed from" in output and "epoch 2" in output
-    assert_same_weights(
-        tmp_path / "reference/model/model.safetensors", out / "model/model.safetensors", atol=1e-6
-    )
-    assert train_losses(out) == pytest.approx(train_losses(tmp_path / "reference"), abs=1e-6)
-    assert len(train_losses(out)) == 18
+# ---------------------------------------------------------------- a run in a process of its own
 
 
 def _run_from_json(options: dict) -> None:
@@ -587,6 +530,7 @@ print(before, mapped_while_holding_64_mib())
 @pytest.mark.skipif(
     sys.platform != "linux" or platform.libc_ver() < ("glibc", "2.33"), reason="needs mallinfo2"
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("user_setting", [None, "MALLOC_TRIM_THRESHOLD_"])
 def test_cpu_training_keeps_freed_memory_in_the_process(
     user_setting: str | None, tmp_path: Path, subprocess_env: dict[str, str]

@@ -29,7 +29,8 @@ EVALUATION_SHARE = 0.2
 PROMPT_SHARE = 0.25
 # Fine-tuning: each run trains for its share of the time left with the options of the
 # quickstart-finetune section of its family's recipe (egbert/configs/recipes/); a family's own
-# classifier head there (elmo's) is for the summary-vector head only.
+# classifier head there (bert's last four layers, elmo's scalar mix) is for the summary-vector
+# head (`cls`) only.
 HEAD_OPTIONS = ("features", "pool", "layer_norm")
 # Measuring each family's training steps at its presets and batches before planning: this
 # share of the budget at most (egbert.quickstart.throughput).
@@ -114,7 +115,9 @@ class QuickstartArguments:
         default_factory=lambda: ["cls"],
         metadata={
             "help": "classifier heads to fine-tune with: "
-            f"{', '.join(HEADS)} (-frozen trains the head alone); each adds a row per model"
+            f"{', '.join(HEADS)} (-frozen trains the head alone; cls is each family's own "
+            "summary-vector head: bert's last four layers mean-pooled, elmo's scalar mix); "
+            "each adds a row per model"
         },
     )
 
