@@ -31,11 +31,29 @@ def _missing(what: str) -> None:
     pytest.skip(message)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files that hold slow tests first: `make test`'s two xdist workers take whole files in
-    this order, and a long file started last leaves the other worker idle at the end."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: else collection order
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`make test`'s two workers take whole files (--dist loadfile), the files that hold slow
+    tests first: xdist's own order (most tests first) started the long files last, and one
+    worker sat idle for a minute at the end."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    slow_files = {
+        path.relative_to(config.rootpath).as_posix()
+        for path in Path(__file__).parent.glob("test_*.py")
+        if "@pytest.mark.slow" in path.read_text(encoding="utf-8")
+    }
+
+    class SlowFilesFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node) -> None:
+            if not getattr(self, "slow_files_first", False):
+                order = sorted(self.workqueue, key=lambda file: file not in slow_files)
+                self.workqueue = type(self.workqueue)((f, self.workqueue[f]) for f in order)
+                self.slow_files_first = True
+            super()._assign_work_unit(node)
+
+    return SlowFilesFirst(config, log)
 
 
 @pytest.fixture(scope="session")
