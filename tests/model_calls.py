@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import pytest
 import torch
 from transformers import PreTrainedModel
 
@@ -53,3 +54,17 @@ def model_calls() -> Iterator[list[ModelCall]]:
     finally:
         for hook in hooks:
             hook.remove()
+
+
+def assert_bf16_and_device_are_the_options(argv: list[str]) -> None:
+    """`egbert ARGV --bf16/--no-bf16 --device cpu` runs its model on the CPU with autocast on or
+    off as asked; `--device meta` moves the model there, where autocast refuses to go (only the
+    model's own device is asked)."""
+    from egbert.cli import main as cli_main
+
+    for flag, autocast in (("--bf16", True), ("--no-bf16", False)):
+        with model_calls() as calls:
+            cli_main([*argv, flag, "--device", "cpu"])
+        assert {(call.device, call.autocast) for call in calls} == {("cpu", autocast)}
+    with pytest.raises(RuntimeError, match="autocast device_type 'meta'"):
+        cli_main([*argv, "--no-bf16", "--device", "meta"])

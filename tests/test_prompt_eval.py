@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from model_calls import model_calls
+from model_calls import assert_bf16_and_device_are_the_options, model_calls
 from option_coverage import proves
 from sklearn.metrics import accuracy_score
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -312,9 +312,4 @@ def test_the_model_runs_on_the_device_and_precision_given(gpt_dir, glue_dir):
     model's weights are where autocast refuses to go (only the model's own device is asked)."""
     argv = ["prompt-eval", "--model", str(gpt_dir), "--task", "rte", "--data-dir", str(glue_dir)]
     argv += ["--max-eval-samples", "2"]
-    for flag, autocast in (("--bf16", True), ("--no-bf16", False)):
-        with model_calls() as calls:
-            cli_main([*argv, flag, "--device", "cpu"])
-        assert {(call.device, call.autocast) for call in calls} == {("cpu", autocast)}
-    with pytest.raises(RuntimeError, match="autocast device_type 'meta'"):
-        cli_main([*argv, "--no-bf16", "--device", "meta"])
+    assert_bf16_and_device_are_the_options(argv)
