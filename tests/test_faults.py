@@ -151,8 +151,8 @@ def finetune_argv(inputs: dict[str, Path], out: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_finetune_survives_kills_and_sigint(finetune_inputs, tmp_path):
-    """SIGKILL mid-save, SIGINT (checkpoint, exit 0), SIGKILL at a random step, then resume:
-    the best model and the dev scores equal the uninterrupted run's."""
+    """SIGKILL mid-save and SIGINT (checkpoint, exit 0), then resume: the best model and the dev
+    scores equal the uninterrupted run's (a SIGKILL at a random step: pretrain's test, above)."""
     # The uninterrupted run as a process of its own, like the interrupted ones (in this
     # process its weights ended 1.4e-3 from theirs after 16 steps)
     clean = tmp_path / "clean"
@@ -168,8 +168,6 @@ def test_finetune_survives_kills_and_sigint(finetune_inputs, tmp_path):
     assert stop is not None and stop.returncode == 0, chaos.tail(log)
     assert stop.exit_seconds < SIGNAL_EXIT_SECONDS and stop.checkpoint == stop.step, stop
     assert not (out / "eval_results.json").exists()
-    kill = chaos.interrupt(command, out, logs / "kill.log", rng, "step", steps_ahead=3)
-    assert kill is not None and kill.returncode == -signal.SIGKILL
 
     chaos.run_to_the_end(command, logs / "final.log")
     assert_same_final_model(clean, out)  # the best epoch's model
