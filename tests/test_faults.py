@@ -17,6 +17,7 @@ from pathlib import Path
 import accelerate.checkpointing
 import pytest
 import transformers.modeling_utils
+from conftest import fresh_accelerate
 from safetensors.torch import load_file
 
 from egbert.cli import main as cli_main
@@ -52,7 +53,6 @@ def pretrain_argv(tokenizer: Path, corpus: Path, out: Path) -> list[str]:
 def clean_pretrain(tiny_tokenizer_dir, corpus, tmp_path_factory) -> Path:
     """The uninterrupted run, in this process (same numerics as the subprocesses: one thread)."""
     import torch
-    from accelerate.state import AcceleratorState, GradientState
 
     out = tmp_path_factory.mktemp("clean-pretrain")
     threads = torch.get_num_threads()
@@ -61,8 +61,7 @@ def clean_pretrain(tiny_tokenizer_dir, corpus, tmp_path_factory) -> Path:
         cli_main(["pretrain", *pretrain_argv(tiny_tokenizer_dir, corpus, out)])
     finally:
         torch.set_num_threads(threads)
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        fresh_accelerate()
     return out
 
 
@@ -210,7 +209,7 @@ def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3"]
     assert load_file(out / "checkpoints/step-3/model.safetensors")
     monkeypatch.undo()
-    _reset_accelerate()
+    fresh_accelerate()
 
     def no_space(state_dict, filename, *args, **kwargs):
         raise disk_full(filename)
@@ -225,15 +224,8 @@ def test_disk_full_is_one_line_and_keeps_the_last_checkpoint(
     assert not list(out.glob(".tmp-*")), "a half-written final model left behind"
     assert (out / f"checkpoints/step-{PRETRAIN_STEPS}/trainer_state.json").is_file()
     monkeypatch.undo()
-    _reset_accelerate()
+    fresh_accelerate()
 
     cli_main(argv)
     assert_same_final_model(clean_pretrain, out)
     assert "Traceback" not in capsys.readouterr().err
-
-
-def _reset_accelerate() -> None:
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()

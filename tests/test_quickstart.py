@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from accelerate.state import AcceleratorState, GradientState
+from conftest import fresh_accelerate
 from option_coverage import proves
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
@@ -72,8 +72,7 @@ def finished_run(micro_data: Path, tmp_path_factory, subprocess_env) -> Path:
     assert (out / "pretrain" / "bert" / "checkpoints").is_dir()
     assert not (out / "results.json").exists()
     # Accelerate's process-wide state may hold an earlier module's precision
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    fresh_accelerate()
     main(argv)
     return out
 

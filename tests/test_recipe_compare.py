@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
+from conftest import fresh_accelerate
 
 import egbert
 from egbert import ConfigError
@@ -47,7 +47,7 @@ def run_micro(micro_data: Path, out: Path, *extra: str) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     # Accelerate's process-wide state must not carry another module's precision in or ours out.
-    _reset_accelerate()
+    fresh_accelerate()
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("OMP_NUM_THREADS", "1")
@@ -55,12 +55,7 @@ def run_micro(micro_data: Path, out: Path, *extra: str) -> None:
             recipe_compare.main(argv)
     finally:
         torch.set_num_threads(threads)
-        _reset_accelerate()
-
-
-def _reset_accelerate() -> None:
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+        fresh_accelerate()
 
 
 @pytest.mark.slow
