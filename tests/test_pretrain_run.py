@@ -102,7 +102,17 @@ def test_tiny_preset_pretrains_and_validation_loss_falls(
     assert metrics <= set(evals[-1])
     # gpt falls ~0.09-0.15 here: the tiny tokenizer's ids change from one training to the next
     # (tokenizers assigns the ## alphabet in hash-map order, huggingface/tokenizers#1794)
-    assert evals[-1]["loss"] < evals[0]["loss"] - 0.05, [record["loss"] for record in evals]
+    if "rtd" in options:
+        # rtd's total is 50 x the discriminator's loss, which is near its floor by step 12 and moves
+        # by ±0.01 (±0.5 of the total) with the tokenizer: so the generator must learn, and the
+        # discriminator must beat one that calls every token original (its accuracy: 1 - share;
+        # ~0.03 above it here, level with it when the discriminator is shown the original tokens)
+        generator = [record["generator_mlm_loss"] for record in evals]
+        assert generator[-1] < generator[0] - 0.05, generator
+        all_original = 1 - evals[-1]["replaced_share"]
+        assert evals[-1]["rtd_accuracy"] > all_original + 0.01, (evals[-1], all_original)
+    else:
+        assert evals[-1]["loss"] < evals[0]["loss"] - 0.05, [record["loss"] for record in evals]
     if family == "gpt":
         assert evals[-1]["perplexity"] == pytest.approx(math.exp(evals[-1]["loss"]))
     # the training log shows the parts of the loss beside it, and tokens/s and MFU
