@@ -68,7 +68,8 @@ _EXPORTS = {
     "egbert.arguments": ["parse_args"],
     "egbert.trainer": ["Trainer", "TrainOutput"],
     "egbert.report": ["read_train_results"],
-    "egbert.checkpoints": ["load_pretrained", "read_model_config", "checkpoints_in"],
+    "egbert.model_files": ["load_pretrained", "read_model_config"],
+    "egbert.checkpoints": ["checkpoints_in"],
     "egbert.optimization": ["adamw"],
     "egbert.runtime": ["bf16_pays_off", "matmul_gflops", "matmul_peak_flops", "training_device"],
     "egbert.finetune.metrics": [

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, TextStreamer
 
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
 from egbert.arguments import ArgumentParser, BooleanFlag
-from egbert.checkpoints import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
 from egbert.errors import CheckpointError, ConfigError
+from egbert.model_files import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 
 CAUSAL_MODEL_TYPES = ("egbert-gpt", "gpt2")

@@ -33,8 +33,8 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFast
 
 from egbert.arguments import ArgumentParser, BooleanFlag
-from egbert.checkpoints import resolve_model_dir
 from egbert.errors import CheckpointError, ConfigError, DataError
+from egbert.model_files import resolve_model_dir
 from egbert.pretrain.sources import check_encoding, load_sources, mix_sources, text_batches
 
 PAD, UNK, CLS, SEP, MASK, EOT = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<|endoftext|>"

@@ -50,7 +50,6 @@ from egbert import optimization, report
 from egbert.batches import StreamPosition, real_tokens, sequence_length, stream_loader, train_loader
 from egbert.checkpoints import (
     OPTIONS,
-    RUN_MODEL_DIR,
     Checkpointer,
     TrainerState,
     config_hash,
@@ -61,6 +60,7 @@ from egbert.checkpoints import (
 from egbert.config import TrainingArguments
 from egbert.errors import CheckpointError, ConfigError, DataError, TrainingError
 from egbert.evaluator import BatchMetrics, Evaluator, label_smoothing
+from egbert.model_files import RUN_MODEL_DIR
 from egbert.runtime import (
     keep_freed_memory_in_process,
     make_accelerator,

@@ -20,8 +20,9 @@ from accelerate.utils.other import clean_state_dict_for_safetensors
 from safetensors.torch import load_file
 from torch import nn
 
-from egbert.checkpoints import load_pretrained, own_storage, untangled_state_dict
+from egbert.checkpoints import own_storage, untangled_state_dict
 from egbert.config import TrainingArguments
+from egbert.model_files import load_pretrained
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.trainer import Trainer
 

@@ -14,12 +14,12 @@ from functools import cached_property
 from pathlib import Path
 
 from egbert.arguments import ArgumentParser, BooleanFlag
-from egbert.checkpoints import ALLOW_PICKLE_HELP
 from egbert.embedding.extract import embed
 from egbert.embedding.options import COMBINES, POOLS, EmbedOptions
 from egbert.embedding.vectors import TextOrPair
 from egbert.embedding.writers import STDOUT
 from egbert.errors import ConfigError, DataError
+from egbert.model_files import ALLOW_PICKLE_HELP
 from egbert.tokenizer import check_encoding
 
 PAIR_SEPARATOR = "|||"  # in text input: "first text ||| second text"

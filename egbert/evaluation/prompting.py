@@ -48,7 +48,6 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
 from egbert.arguments import ArgumentParser, BooleanFlag
-from egbert.checkpoints import load_pretrained, read_model_config
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.evaluation.results import (
     add_model_and_task_arguments,
@@ -64,6 +63,7 @@ from egbert.evaluation.results import (
 )
 from egbert.finetune.metrics import format_metrics, task_score
 from egbert.finetune.tasks import Task, get_task, read_glue_split, split_file
+from egbert.model_files import load_pretrained, read_model_config
 from egbert.tokenizer import check_vocab_matches, load_tokenizer
 
 RESULTS_FILE = "prompt_eval_results.json"

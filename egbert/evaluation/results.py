@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from egbert.arguments import ArgumentParser, BooleanFlag
-from egbert.checkpoints import ALLOW_PICKLE_HELP
 from egbert.errors import ConfigError, DataError
 from egbert.finetune.metrics import compute_task_metrics, task_score
 from egbert.finetune.tasks import Task, split_file
+from egbert.model_files import ALLOW_PICKLE_HELP
 from egbert.runtime import bf16_pays_off
 
 

@@ -50,7 +50,6 @@ from transformers import (
 
 import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with the Auto classes)
 from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
-from egbert.checkpoints import first_line, load_pretrained, read_model_config, resolve_model_dir
 from egbert.config import FinetuneArguments, TrainingArguments, apply_config_overrides, load_recipe
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.finetune.metrics import (
@@ -72,6 +71,7 @@ from egbert.finetune.tasks import (
     read_task_file,
     split_file,
 )
+from egbert.model_files import first_line, load_pretrained, read_model_config, resolve_model_dir
 from egbert.models.convert import convert_checkpoint
 from egbert.report import ModelCardInfo
 from egbert.runtime import check_trackers_installed

@@ -34,12 +34,7 @@ from torch.utils.data import Subset
 from transformers import PreTrainedModel
 
 from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
-from egbert.checkpoints import (
-    checkpoint_to_resume,
-    load_pretrained,
-    read_model_config,
-    refuse_changed_run,
-)
+from egbert.checkpoints import checkpoint_to_resume, refuse_changed_run
 from egbert.config import (
     MODEL_FAMILIES,
     PretrainArguments,
@@ -50,6 +45,7 @@ from egbert.config import (
     pretraining_recipe,
 )
 from egbert.errors import CheckpointError, ConfigError
+from egbert.model_files import load_pretrained, read_model_config
 from egbert.models.bert import (
     EgbertBertConfig,
     EgbertBertForMaskedLM,
