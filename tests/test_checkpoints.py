@@ -20,11 +20,11 @@ from accelerate.utils.other import clean_state_dict_for_safetensors
 from safetensors.torch import load_file
 from torch import nn
 
-from egbert.checkpoints import own_storage, untangled_state_dict
 from egbert.config import TrainingArguments
 from egbert.model_files import load_pretrained
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
-from egbert.trainer import Trainer
+from egbert.training.checkpoints import own_storage, untangled_state_dict
+from egbert.training.trainer import Trainer
 
 VOCAB = 50
 
@@ -160,7 +160,7 @@ SHARDED = textwrap.dedent(
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from egbert.checkpoints import own_storage, untangled_state_dict
+    from egbert.training.checkpoints import own_storage, untangled_state_dict
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0,
                                          world_size=1)

@@ -46,8 +46,8 @@ from egbert.finetune.run import (
     resolve_tasks,
 )
 from egbert.models.bert import EgbertBertModel
-from egbert.optimization import batches_per_step
-from egbert.trainer import COMPILE_SETTINGS
+from egbert.training.optimization import batches_per_step
+from egbert.training.trainer import COMPILE_SETTINGS
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 

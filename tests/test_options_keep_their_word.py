@@ -173,9 +173,10 @@ def every_option() -> list[tuple[str, str, object]]:
     return found
 
 
-# What a resume may change, as docs/training.md and docs/guarantees.md list it (written here, not
-# read from egbert.checkpoints, whose list is what this checks): what is logged, evaluated when,
-# saved, tracked or written beside the model, never what is trained; and a longer run.
+# What a resume may change, as docs/training.md and docs/guarantees.md list it (written here,
+# not read from egbert.training.checkpoints, whose list is what this checks): what is logged,
+# evaluated when, saved, tracked or written beside the model, never what is trained; and a
+# longer run.
 MAY_CHANGE = {
     "output_dir", "resume", "resume_anyway", "log_every", "eval_every", "save_every",
     "keep_checkpoints", "report_to", "num_workers", "skip_nonfinite", "num_proc",
@@ -187,7 +188,7 @@ MAY_GROW = {"max_steps", "epochs", "budget_minutes"}
 
 @pytest.mark.parametrize(("group", "field", "default"), every_option())
 def test_resume_refuses_every_changed_option_but_the_allowed_ones(group, field, default):
-    from egbert.checkpoints import config_differences
+    from egbert.training.checkpoints import config_differences
 
     new = changed_value(default)
     refused = config_differences({"options": {field: default}}, {"options": {field: new}})

@@ -40,8 +40,8 @@ from egbert.pretrain.run import (
     pretraining_data,
     pretraining_trainer,
 )
-from egbert.runtime import matmul_peak_flops, training_device
 from egbert.tokenizer import load_tokenizer, train_tokenizer
+from egbert.training.runtime import matmul_peak_flops, training_device
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 

@@ -16,9 +16,9 @@ from conftest import kill_once
 from safetensors.torch import load_file
 
 import egbert
-from egbert.batches import split_stream
 from egbert.errors import ConfigError
 from egbert.pretrain import sources
+from egbert.training.batches import split_stream
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 

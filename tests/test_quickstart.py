@@ -27,7 +27,7 @@ from egbert.quickstart.planner import FinetuneChoice, RunPlan
 from egbert.quickstart.report import Row
 from egbert.quickstart.run import main
 from egbert.quickstart.steps import export_hub_corpus, finetune_options
-from egbert.runtime import bf16_pays_off
+from egbert.training.runtime import bf16_pays_off
 
 FINETUNED = ["bert", "bert (no pretraining)", "gpt", "elmo"]
 # each model beside its twin, which shares its probe's size

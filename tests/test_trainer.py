@@ -1,4 +1,4 @@
-"""Tests of egbert.trainer against a tiny real next-token model (no BERT/GPT/ELMo needed).
+"""Tests of egbert.training.trainer against a tiny real next-token model (no BERT/GPT/ELMo needed).
 
 Run as a script (`python tests/test_trainer.py '{json options}'`) the file trains that model in
 a process of its own (the memory tests'). Kill, stop and resume are proved on the real commands
@@ -30,9 +30,9 @@ from torch import nn
 
 from egbert.config import TrainingArguments
 from egbert.errors import CheckpointError, ConfigError, TrainingError
-from egbert.optimization import noam_multiplier, parameter_groups, schedule_multiplier
-from egbert.runtime import bf16_pays_off, matmul_gflops
-from egbert.trainer import Trainer
+from egbert.training.optimization import noam_multiplier, parameter_groups, schedule_multiplier
+from egbert.training.runtime import bf16_pays_off, matmul_gflops
+from egbert.training.trainer import Trainer
 
 VOCAB = 40
 POISON = VOCAB - 1  # a token whose embedding row is NaN in the non-finite tests
@@ -292,7 +292,7 @@ def test_bf16_warns_where_it_is_slower_than_fp32(tmp_path, capsys):
 
 
 def test_bf16_pays_off_where_the_cpu_has_bf16_instructions(monkeypatch):
-    from egbert import runtime
+    from egbert.training import runtime
 
     monkeypatch.setattr(runtime, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
     assert not bf16_pays_off("cpu")

@@ -22,7 +22,7 @@ from test_trainer import NoisyCollator, TinyConfig, TinyLM, tiny_dataset
 
 from egbert.config import TrainingArguments
 from egbert.pretrain.run import parse_pretrain_args
-from egbert.trainer import Trainer
+from egbert.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 
@@ -221,7 +221,7 @@ def test_bf16_runs_the_training_forward_in_bfloat16(tmp_path, flag, dtype):
 @proves("pretrain", "--use-cpu", "--ddp-find-unused-parameters")
 def test_the_accelerator_gets_the_device_and_ddp_options(tmp_path, monkeypatch):
     """As on a machine with a GPU (Accelerate falls back to the CPU where there is none)."""
-    from egbert import runtime
+    from egbert.training import runtime
 
     monkeypatch.setattr(runtime, "has_accelerator", lambda: True)
     for given in (False, True):

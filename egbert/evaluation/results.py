@@ -22,7 +22,7 @@ from egbert.errors import ConfigError, DataError
 from egbert.finetune.metrics import compute_task_metrics, task_score
 from egbert.finetune.tasks import Task, split_file
 from egbert.model_files import ALLOW_PICKLE_HELP
-from egbert.runtime import bf16_pays_off
+from egbert.training.runtime import bf16_pays_off
 
 
 def check_data_dir(data_dir: str | os.PathLike) -> Path:

@@ -74,9 +74,9 @@ from egbert.finetune.tasks import (
 from egbert.model_files import first_line, load_pretrained, read_model_config, resolve_model_dir
 from egbert.models.convert import convert_checkpoint
 from egbert.report import ModelCardInfo
-from egbert.runtime import check_trackers_installed
 from egbert.tokenizer import FAMILY_OF_MODEL_TYPE, check_vocab_matches, load_tokenizer
-from egbert.trainer import Trainer
+from egbert.training.runtime import check_trackers_installed
+from egbert.training.trainer import Trainer
 
 # Stock transformers checkpoints that egbert converts to its own classes before fine-tuning.
 STOCK_MODEL_TYPES = ("bert", "gpt2")

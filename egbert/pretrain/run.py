@@ -34,7 +34,6 @@ from torch.utils.data import Subset
 from transformers import PreTrainedModel
 
 from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
-from egbert.checkpoints import checkpoint_to_resume, refuse_changed_run
 from egbert.config import (
     MODEL_FAMILIES,
     PretrainArguments,
@@ -62,9 +61,10 @@ from egbert.pretrain.corpus import (
     load_corpus,
 )
 from egbert.report import ModelCardInfo
-from egbert.runtime import check_trackers_installed
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
-from egbert.trainer import Trainer, TrainOutput
+from egbert.training.checkpoints import checkpoint_to_resume, refuse_changed_run
+from egbert.training.runtime import check_trackers_installed
+from egbert.training.trainer import Trainer, TrainOutput
 
 CONFIG_CLASSES = {"bert": EgbertBertConfig, "gpt": EgbertGPTConfig, "elmo": EgbertElmoConfig}
 

@@ -59,7 +59,7 @@ from egbert.quickstart.steps import (
     train_size,
 )
 from egbert.quickstart.throughput import measure_family, presets_by_size
-from egbert.runtime import bf16_pays_off, training_device
+from egbert.training.runtime import bf16_pays_off, training_device
 
 # The fine-tuned rows in priority order, as the planner names them (planner.FinetuneWork.models)
 FINETUNED = (Row("bert"), Row("bert", pretrained=False), Row("gpt"), Row("elmo"))

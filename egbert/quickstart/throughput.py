@@ -15,11 +15,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from egbert.config import available_presets
-from egbert.optimization import adamw
 from egbert.pretrain import run as pretrain_run
 from egbert.quickstart.planner import Measurement, pretraining_seq_len
 from egbert.quickstart.steps import pretraining_defaults
-from egbert.runtime import synchronize
+from egbert.training.optimization import adamw
+from egbert.training.runtime import synchronize
 
 WARMUP_STEPS = 1  # allocations, kernel choice
 TIMED_STEPS = 3

@@ -19,8 +19,8 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset
 from transformers import EvalPrediction
 
-from egbert.batches import batch_size, eval_loader
 from egbert.config import TrainingArguments
+from egbert.training.batches import batch_size, eval_loader
 
 # (batch, outputs) -> {metric name: (sum, count)}: summed over batches and processes, reported
 # as sum / count. Lets a job add accuracies to the eval loss without the trainer knowing them.

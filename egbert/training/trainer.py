@@ -3,20 +3,20 @@
 The trainer knows nothing about BERT, GPT or ELMo: it calls `model(**batch)` and optimizes
 `outputs.loss`. Around that it does what a run of hours needs: gradient accumulation, bf16,
 clipping, AdamW without decay on biases and norms, learning-rate schedules over steps or over a
-wall-time budget (egbert.optimization), periodic evaluation, atomic checkpoints with exact resume
-(weights, optimizer, scheduler, RNG and the position in the data; egbert.checkpoints), a
-graceful stop on SIGINT/SIGTERM, and at the end the model in `OUTPUT_DIR/model/` (what a Hub
-repository holds: weights, config, tokenizer, card) with checkpoints and logs beside it. Device
-facts live in egbert.runtime; the run's logs, trackers, loss curve and card in egbert.report.
+wall-time budget (optimization.py), periodic evaluation, atomic checkpoints with exact resume
+(weights, optimizer, scheduler, RNG and the position in the data; checkpoints.py), a graceful
+stop on SIGINT/SIGTERM, and at the end the model in `OUTPUT_DIR/model/` (what a Hub repository
+holds: weights, config, tokenizer, card) with checkpoints and logs beside it. Device facts live
+in runtime.py; the run's logs, trackers, loss curve and card in egbert.report.
 
 Data. Training examples come from a map-style dataset (shuffled per epoch, replayable on resume)
 or a streaming `datasets.IterableDataset` (split between the processes, its position kept in
-each checkpoint): egbert.batches, which also says what collators must not do. A collator's
+each checkpoint): batches.py, which also says what collators must not do. A collator's
 `set_epoch(epoch)` is called each epoch. The step's numbers stay on the device until the
-processes agree on them at log, evaluation and save steps: egbert.step_numbers.
+processes agree on them at log, evaluation and save steps: step_numbers.py.
 
 Evaluation (each evaluation set's loss and metrics, `predict(dataset)` for the logits alone):
-egbert.evaluator. The signal handlers and the matmul peak of MFU: egbert.runtime.
+evaluator.py. The signal handlers and the matmul peak of MFU: runtime.py.
 
 Precision: `bf16` true or false decides; left unset, the launch config's `mixed_precision`
 (`accelerate launch --config_file ...`) does, and without one training runs in fp32.
@@ -46,9 +46,19 @@ from torch.utils.data import Dataset, IterableDataset
 from tqdm.auto import tqdm
 from transformers import EvalPrediction
 
-from egbert import optimization, report
-from egbert.batches import StreamPosition, real_tokens, sequence_length, stream_loader, train_loader
-from egbert.checkpoints import (
+from egbert import report
+from egbert.config import TrainingArguments
+from egbert.errors import CheckpointError, ConfigError, DataError, TrainingError
+from egbert.model_files import RUN_MODEL_DIR
+from egbert.training import optimization
+from egbert.training.batches import (
+    StreamPosition,
+    real_tokens,
+    sequence_length,
+    stream_loader,
+    train_loader,
+)
+from egbert.training.checkpoints import (
     OPTIONS,
     Checkpointer,
     TrainerState,
@@ -57,11 +67,8 @@ from egbert.checkpoints import (
     save_model_folder,
     write_error_reason,
 )
-from egbert.config import TrainingArguments
-from egbert.errors import CheckpointError, ConfigError, DataError, TrainingError
-from egbert.evaluator import BatchMetrics, Evaluator, label_smoothing
-from egbert.model_files import RUN_MODEL_DIR
-from egbert.runtime import (
+from egbert.training.evaluator import BatchMetrics, Evaluator, label_smoothing
+from egbert.training.runtime import (
     keep_freed_memory_in_process,
     make_accelerator,
     run_matmul_peak_flops,
@@ -69,7 +76,7 @@ from egbert.runtime import (
     stop_on_signals,
     synchronize,
 )
-from egbert.step_numbers import (
+from egbert.training.step_numbers import (
     PendingSteps,
     Place,
     StepNumbers,
@@ -118,7 +125,7 @@ class Trainer:
     run_config: what defines the run: {"options": the job's options (its dataclass fields),
         ...: what else identifies the model, tokenizer and data}; the trainer adds its own
         options; saved with each checkpoint and compared on resume (a few options may change:
-        egbert.checkpoints.MAY_CHANGE_ON_RESUME).
+        egbert.training.checkpoints.MAY_CHANGE_ON_RESUME).
     tokenizer: saved with the final model, the best one and every checkpoint.
     card: what the model card's Hub metadata says.
     epoch_ends: also evaluate (when `eval_every` is 0) and checkpoint (when `save_every` is 0)
@@ -621,7 +628,7 @@ class Trainer:
     # ------------------------------------------------------------ checkpoints and resume
 
     def save_checkpoint(self) -> Path:
-        """checkpoints/step-N, atomically (egbert.checkpoints.Checkpointer)."""
+        """checkpoints/step-N, atomically (egbert.training.checkpoints.Checkpointer)."""
         return self.checkpoints.save(
             self.state.step, asdict(self.state), self._save_stream_position, self._write_tokenizer
         )
