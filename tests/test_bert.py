@@ -146,6 +146,40 @@ def test_mlm_loss_uses_label_smoothing_and_ignores_unlabelled_positions() -> Non
     assert not torch.allclose(output.loss, unsmoothed)
 
 
+@pytest.mark.parametrize("model_class", [EgbertBertForMaskedLM, EgbertBertForPreTraining])
+def test_the_forwards_label_smoothing_overrides_the_configs(model_class) -> None:
+    """The trainer's --label-smoothing reaches the loss as the forward's argument (None: the
+    config's value); the config is left as it is."""
+    torch.manual_seed(0)
+    model = model_class(tiny_config(label_smoothing=0.1)).eval()
+    batch = random_batch()
+    labels = mlm_labels(batch["input_ids"])
+    selected = labels != -100
+    for smoothing, expected_smoothing in ((None, 0.1), (0.3, 0.3), (0.0, 0.0)):
+        output = model(**batch, labels=labels, label_smoothing=smoothing)
+        masked_lm = model_class is EgbertBertForMaskedLM
+        logits = output.logits if masked_lm else output.prediction_logits
+        expected = F.cross_entropy(
+            logits[selected], labels[selected], label_smoothing=expected_smoothing
+        )
+        mlm_loss = output.loss if masked_lm else output.mlm_loss
+        torch.testing.assert_close(mlm_loss, expected)
+    assert model.config.label_smoothing == 0.1
+
+
+def test_the_rtd_generators_loss_takes_the_forwards_label_smoothing() -> None:
+    model = EgbertBertForReplacedTokenDetection(tiny_config()).eval()
+    batch = random_batch(length=16)
+    labels = mlm_labels(batch["input_ids"])
+    masked = batch["input_ids"].masked_fill(labels != -100, 4)
+    losses = {}
+    for smoothing in (None, 0.0, 0.3):
+        torch.manual_seed(0)  # the same samples each time
+        losses[smoothing] = model(masked, labels=labels, label_smoothing=smoothing).generator_loss
+    torch.testing.assert_close(losses[None], losses[0.0])  # the config's 0.0
+    assert not torch.allclose(losses[0.3], losses[0.0])
+
+
 def test_pretraining_loss_is_the_sum_of_mlm_and_nsp() -> None:
     torch.manual_seed(0)
     model = EgbertBertForPreTraining(tiny_config()).eval()

@@ -164,6 +164,10 @@ def test_label_smoothing_comes_from_the_config():
     )
     torch.testing.assert_close(out.forward_loss, expected)
     assert abs(out.forward_loss - plain_loss) > 1e-2
+    with torch.no_grad():  # the forward's label_smoothing overrides the config's
+        unsmoothed = smoothed(input_ids, labels=input_ids, label_smoothing=0.0).forward_loss
+    torch.testing.assert_close(unsmoothed, plain_loss)
+    assert smoothed.config.label_smoothing == 0.2
 
 
 def test_hidden_states_are_the_duplicated_embedding_then_one_entry_per_layer():

@@ -170,6 +170,17 @@ def test_loss_shifts_labels_and_ignores_minus_100() -> None:
     torch.testing.assert_close(output.loss, expected)
 
 
+def test_the_forwards_label_smoothing_overrides_the_configs() -> None:
+    model = tiny_model(label_smoothing=0.1).eval()
+    ids = random_ids()
+    logits = model(ids).logits[:, :-1].reshape(-1, 100)
+    for smoothing in (0.0, 0.3):
+        loss = model(ids, labels=ids, label_smoothing=smoothing).loss
+        expected = F.cross_entropy(logits, ids[:, 1:].reshape(-1), label_smoothing=smoothing)
+        torch.testing.assert_close(loss, expected)
+    assert model.config.label_smoothing == 0.1
+
+
 def test_residual_projections_get_the_scaled_gpt2_init() -> None:
     model = tiny_model(
         hidden_size=256, intermediate_size=1024, num_hidden_layers=8, initializer_range=0.02

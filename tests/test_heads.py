@@ -305,6 +305,9 @@ def test_classification_loss_uses_the_configs_label_smoothing():
         out = model(input_ids, attention_mask, labels=labels)
     torch.testing.assert_close(out.loss, F.cross_entropy(out.logits, labels, label_smoothing=0.1))
     assert not torch.allclose(out.loss, F.cross_entropy(out.logits, labels))
+    with torch.no_grad():  # the forward's label_smoothing overrides the config's
+        loss = model(input_ids, attention_mask, labels=labels, label_smoothing=0.3).loss
+    torch.testing.assert_close(loss, F.cross_entropy(out.logits, labels, label_smoothing=0.3))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

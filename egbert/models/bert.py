@@ -207,6 +207,7 @@ def masked_lm_logits_and_loss(
     sequence_output: torch.Tensor,
     labels: torch.Tensor | None,
     config: EgbertBertConfig,
+    label_smoothing: float,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """MLM logits and the cross-entropy over positions whose label is not -100.
 
@@ -227,7 +228,7 @@ def masked_lm_logits_and_loss(
                 decoder.weight,
                 labels,
                 decoder.bias,
-                label_smoothing=config.label_smoothing,
+                label_smoothing=label_smoothing,
             )
             return None, loss
     logits = head(sequence_output)
@@ -235,9 +236,64 @@ def masked_lm_logits_and_loss(
         logits.reshape(-1, config.vocab_size),
         labels.reshape(-1),
         ignore_index=-100,
-        label_smoothing=config.label_smoothing,
+        label_smoothing=label_smoothing,
     )
     return logits, loss
+
+
+class EgbertBertWithMaskedLMHead(EgbertBertPreTrainedModel):
+    """What bert's two masked-LM models share (ForPreTraining adds NSP over the pooled [CLS],
+    ForMaskedLM is the MLM alone): the encoder, the MLM head tied to its input embeddings, their
+    accessors and FLOP count, and the forward up to the MLM loss."""
+
+    _tied_weights_keys = {"mlm_head.decoder.weight": "bert.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: EgbertBertConfig, add_pooling_layer: bool):
+        super().__init__(config)
+        self.bert = EgbertBertModel(config, add_pooling_layer=add_pooling_layer)
+        self.mlm_head = MaskedLMHead(config)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.mlm_head.decoder
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.mlm_head.decoder = value
+
+    def flops_per_token(self, seq_len: int, mlm_probability: float = 0.15) -> float:
+        """Training FLOPs per input token (layers.training_flops_per_token); with sparse MLM
+        logits the softmax runs at the masked share of the tokens only."""
+        predictions = mlm_probability if self.config.sparse_mlm_logits else 1.0
+        layers = self.config.num_hidden_layers
+        return training_flops_per_token(self, seq_len, predictions, layers)
+
+    def encode_and_predict(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        labels: torch.Tensor | None,
+        output_hidden_states: bool | None,
+        output_attentions: bool | None,
+        label_smoothing: float | None,
+    ) -> tuple[BaseModelOutputWithPooling, torch.Tensor | None, torch.Tensor | None]:
+        """The encoder's output, the MLM logits and the MLM loss (with `label_smoothing`, None:
+        the config's) of one forward."""
+        encoded = self.bert(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
+        )
+        if label_smoothing is None:
+            label_smoothing = self.config.label_smoothing
+        logits, loss = masked_lm_logits_and_loss(
+            self.mlm_head, encoded.last_hidden_state, labels, self.config, label_smoothing
+        )
+        return encoded, logits, loss
 
 
 @dataclass
@@ -253,31 +309,15 @@ class EgbertBertForPreTrainingOutput(ModelOutput):
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
-class EgbertBertForPreTraining(EgbertBertPreTrainedModel):
+class EgbertBertForPreTraining(EgbertBertWithMaskedLMHead):
     """BERT pretraining: masked LM over the tokens plus next-sentence prediction over [CLS]."""
 
-    _tied_weights_keys = {"mlm_head.decoder.weight": "bert.embeddings.word_embeddings.weight"}
     also_loads_as = ("AutoModelForMaskedLM",)  # its folder holds a whole masked LM: fill-mask
 
     def __init__(self, config: EgbertBertConfig):
-        super().__init__(config)
-        self.bert = EgbertBertModel(config)
-        self.mlm_head = MaskedLMHead(config)
+        super().__init__(config, add_pooling_layer=True)
         self.nsp_head = nn.Linear(config.hidden_size, 2)
         self.post_init()
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.mlm_head.decoder
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.mlm_head.decoder = value
-
-    def flops_per_token(self, seq_len: int, mlm_probability: float = 0.15) -> float:
-        """Training FLOPs per input token (layers.training_flops_per_token); with sparse MLM
-        logits the softmax runs at the masked share of the tokens only."""
-        predictions = mlm_probability if self.config.sparse_mlm_logits else 1.0
-        layers = self.config.num_hidden_layers
-        return training_flops_per_token(self, seq_len, predictions, layers)
 
     def forward(
         self,
@@ -290,18 +330,18 @@ class EgbertBertForPreTraining(EgbertBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        label_smoothing: float | None = None,
     ) -> EgbertBertForPreTrainingOutput | tuple:
-        encoded = self.bert(
+        """label_smoothing: of the MLM loss (None: config.label_smoothing); NSP's is unsmoothed."""
+        encoded, prediction_logits, mlm_loss = self.encode_and_predict(
             input_ids,
             attention_mask,
             token_type_ids,
             position_ids,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            return_dict=True,
-        )
-        prediction_logits, mlm_loss = masked_lm_logits_and_loss(
-            self.mlm_head, encoded.last_hidden_state, labels, self.config
+            labels,
+            output_hidden_states,
+            output_attentions,
+            label_smoothing,
         )
         seq_relationship_logits = self.nsp_head(encoded.pooler_output)  # (batch, 2)
         nsp_loss = None
@@ -320,29 +360,12 @@ class EgbertBertForPreTraining(EgbertBertPreTrainedModel):
         return output if _default(return_dict, self.config.return_dict) else output.to_tuple()
 
 
-class EgbertBertForMaskedLM(EgbertBertPreTrainedModel):
+class EgbertBertForMaskedLM(EgbertBertWithMaskedLMHead):
     """The encoder with the masked-LM head alone (no pooler, no NSP), e.g. for fill-mask."""
 
-    _tied_weights_keys = {"mlm_head.decoder.weight": "bert.embeddings.word_embeddings.weight"}
-
     def __init__(self, config: EgbertBertConfig):
-        super().__init__(config)
-        self.bert = EgbertBertModel(config, add_pooling_layer=False)
-        self.mlm_head = MaskedLMHead(config)
+        super().__init__(config, add_pooling_layer=False)
         self.post_init()
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.mlm_head.decoder
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.mlm_head.decoder = value
-
-    def flops_per_token(self, seq_len: int, mlm_probability: float = 0.15) -> float:
-        """Training FLOPs per input token (layers.training_flops_per_token); with sparse MLM
-        logits the softmax runs at the masked share of the tokens only."""
-        predictions = mlm_probability if self.config.sparse_mlm_logits else 1.0
-        layers = self.config.num_hidden_layers
-        return training_flops_per_token(self, seq_len, predictions, layers)
 
     def forward(
         self,
@@ -354,18 +377,18 @@ class EgbertBertForMaskedLM(EgbertBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        label_smoothing: float | None = None,
     ) -> MaskedLMOutput | tuple:
-        encoded = self.bert(
+        """label_smoothing: of the MLM loss (None: config.label_smoothing)."""
+        encoded, logits, loss = self.encode_and_predict(
             input_ids,
             attention_mask,
             token_type_ids,
             position_ids,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            return_dict=True,
-        )
-        logits, loss = masked_lm_logits_and_loss(
-            self.mlm_head, encoded.last_hidden_state, labels, self.config
+            labels,
+            output_hidden_states,
+            output_attentions,
+            label_smoothing,
         )
         output = MaskedLMOutput(
             loss=loss,
@@ -448,13 +471,17 @@ class EgbertBertForReplacedTokenDetection(EgbertBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        label_smoothing: float | None = None,
     ) -> EgbertBertForReplacedTokenDetectionOutput | tuple:
         """With MLM `labels` (the collator's masks), the generator fills the masked positions
-        first and the losses are computed; without, the encoder reads `input_ids` as they are."""
+        first and the losses are computed; without, the encoder reads `input_ids` as they are.
+        label_smoothing: of the generator's MLM loss (None: config.label_smoothing)."""
         corrupted, replaced, generator_loss = input_ids, None, None
         if labels is not None:
+            if label_smoothing is None:
+                label_smoothing = self.config.label_smoothing
             corrupted, replaced, generator_loss = self.replace_masked_tokens(
-                input_ids, attention_mask, token_type_ids, position_ids, labels
+                input_ids, attention_mask, token_type_ids, position_ids, labels, label_smoothing
             )
         encoded = self.bert(
             corrupted,
@@ -491,6 +518,7 @@ class EgbertBertForReplacedTokenDetection(EgbertBertPreTrainedModel):
         token_type_ids: torch.Tensor | None,
         position_ids: torch.Tensor | None,
         labels: torch.Tensor,
+        label_smoothing: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The original tokens with each labelled position replaced by a sample of the
         generator's prediction there, where that sample differs from the original (both
@@ -499,9 +527,7 @@ class EgbertBertForReplacedTokenDetection(EgbertBertPreTrainedModel):
         generator = self.generator
         hidden = generator.bert(input_ids, attention_mask, token_type_ids, position_ids)[0]
         logits = generator.mlm_head(hidden[selected]).float()  # (masked positions, vocab)
-        generator_loss = F.cross_entropy(
-            logits, labels[selected], label_smoothing=self.config.label_smoothing
-        )
+        generator_loss = F.cross_entropy(logits, labels[selected], label_smoothing=label_smoothing)
         samples = sample_tokens(logits.detach())
         original = torch.where(selected, labels, input_ids)
         corrupted = original.masked_scatter(selected, samples)

@@ -206,12 +206,16 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        label_smoothing: float | None = None,
     ) -> EgbertElmoBidirectionalLMOutput | tuple:
         """`labels` are the input ids themselves (-100 to ignore a position); the model shifts
         them each way. Padding (attention_mask 0) is never a target. A training forward with
-        labels returns no logits unless config.chunked_lm_loss is off."""
+        labels returns no logits unless config.chunked_lm_loss is off. label_smoothing: of the
+        loss (None: config.label_smoothing)."""
         if return_dict is None:
             return_dict = self.config.return_dict
+        if label_smoothing is None:
+            label_smoothing = self.config.label_smoothing
         outputs = self.elmo(
             input_ids,
             attention_mask=attention_mask,
@@ -228,14 +232,16 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
         if labels is not None:
             next_tokens, previous_tokens = bidirectional_targets(labels, attention_mask)
         if labels is not None and chunked_lm_loss_applies(self.config, self.training):
-            forward_loss = self._chunked_token_loss(forward_states, next_tokens)
-            backward_loss = self._chunked_token_loss(backward_states, previous_tokens)
+            forward_loss = self._chunked_token_loss(forward_states, next_tokens, label_smoothing)
+            backward_loss = self._chunked_token_loss(
+                backward_states, previous_tokens, label_smoothing
+            )
         else:
             forward_logits = self.lm_head(forward_states)  # (batch, seq, vocab)
             backward_logits = self.lm_head(backward_states)
             if labels is not None:
-                forward_loss = self._token_loss(forward_logits, next_tokens)
-                backward_loss = self._token_loss(backward_logits, previous_tokens)
+                forward_loss = self._token_loss(forward_logits, next_tokens, label_smoothing)
+                backward_loss = self._token_loss(backward_logits, previous_tokens, label_smoothing)
         if labels is not None:
             loss = (forward_loss + backward_loss) / 2
 
@@ -249,21 +255,25 @@ class EgbertElmoForBidirectionalLM(EgbertElmoPreTrainedModel):
         )
         return output if return_dict else output.to_tuple()
 
-    def _token_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _token_loss(
+        self, logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float
+    ) -> torch.Tensor:
         return F.cross_entropy(
             logits.flatten(0, 1),
             targets.flatten(),
             ignore_index=-100,
-            label_smoothing=self.config.label_smoothing,
+            label_smoothing=label_smoothing,
         )
 
-    def _chunked_token_loss(self, states: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _chunked_token_loss(
+        self, states: torch.Tensor, targets: torch.Tensor, label_smoothing: float
+    ) -> torch.Tensor:
         return linear_cross_entropy(
             states,
             self.lm_head.weight,
             targets,
             bias=self.lm_head.bias,
-            label_smoothing=self.config.label_smoothing,
+            label_smoothing=label_smoothing,
         )
 
 

@@ -209,11 +209,16 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        label_smoothing: float | None = None,
     ) -> CausalLMOutputWithPast | tuple:
         """labels may simply be input_ids: they are shifted here; -100 marks positions to ignore.
         logits_to_keep > 0 computes logits for the last that many positions only (generate uses 1).
         A training forward with labels returns logits=None unless config.chunked_lm_loss is off.
+        label_smoothing: of the loss (None: config.label_smoothing; the trainer passes its
+        --label-smoothing when training and 0 when evaluating).
         """
+        if label_smoothing is None:
+            label_smoothing = self.config.label_smoothing
         decoded = self.gpt(
             input_ids,
             attention_mask,
@@ -235,7 +240,7 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
                 hidden,
                 self.lm_head.weight,
                 next_tokens,
-                label_smoothing=self.config.label_smoothing,
+                label_smoothing=label_smoothing,
             )
         else:
             logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
@@ -244,7 +249,7 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
                     logits.flatten(0, 1),
                     next_tokens.flatten(),
                     ignore_index=-100,
-                    label_smoothing=self.config.label_smoothing,
+                    label_smoothing=label_smoothing,
                 )
         output = CausalLMOutputWithPast(
             loss=loss,

@@ -149,9 +149,13 @@ def in_label_units(head_output: torch.Tensor, config: PretrainedConfig) -> torch
 
 
 def classification_loss(
-    head_output: torch.Tensor, labels: torch.Tensor, config: PretrainedConfig
+    head_output: torch.Tensor,
+    labels: torch.Tensor,
+    config: PretrainedConfig,
+    label_smoothing: float | None = None,
 ) -> torch.Tensor:
-    """The loss transformers' sequence classifiers use, with the config's label smoothing. A
+    """The loss transformers' sequence classifiers use, with `label_smoothing` (None: the
+    config's) for single-label classification. A
     regression head's output is taken as it comes, in standardized units, against standardized
     labels: the same loss for every label range."""
     if is_regression(config):
@@ -170,7 +174,7 @@ def classification_loss(
         return F.cross_entropy(
             head_output.reshape(-1, config.num_labels),
             labels.reshape(-1),
-            label_smoothing=config.label_smoothing,
+            label_smoothing=config.label_smoothing if label_smoothing is None else label_smoothing,
         )
     return F.binary_cross_entropy_with_logits(head_output, labels.to(head_output.dtype))
 
@@ -257,9 +261,11 @@ class EgbertSequenceClassifier(PreTrainedModel):
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        label_smoothing: float | None = None,
     ) -> SequenceClassifierOutput | tuple:
         """Right padding only. `labels`: class ids, floats for regression (num_labels == 1), or
-        multi-hot floats for multi-label problems."""
+        multi-hot floats for multi-label problems. label_smoothing: of a classification loss
+        (None: config.label_smoothing)."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if output_hidden_states is None:
@@ -278,7 +284,9 @@ class EgbertSequenceClassifier(PreTrainedModel):
                 **self.backbone_options,
             )
         head_output = self.classifier(self.dropout(self.sentence_features(outputs, attention_mask)))
-        loss = None if labels is None else classification_loss(head_output, labels, self.config)
+        loss = None
+        if labels is not None:
+            loss = classification_loss(head_output, labels, self.config, label_smoothing)
         logits = in_label_units(head_output, self.config)
         output = SequenceClassifierOutput(
             loss=loss,
