@@ -84,6 +84,18 @@ class RunLog:
             handle.write(line + "\n")
 
 
+def progress_postfix(record: dict[str, Any]) -> dict[str, str]:
+    """What the progress bar shows of a training log record: loss, lr, tokens/s (and MFU)."""
+    postfix = {
+        "loss": f"{record['loss']:.4f}",
+        "lr": f"{record['lr']:.2e}",
+        "tok_s": f"{record['tokens_per_s']:.0f}",
+    }
+    if "mfu" in record:
+        postfix["mfu"] = f"{record['mfu']:.3f}"
+    return postfix
+
+
 class LossWindow:
     """What the next training log record averages: the losses of the steps since the last one
     (by name: loss, mlm_loss, ...), and the tokens and model FLOPs of its timed steps, for

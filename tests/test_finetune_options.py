@@ -405,7 +405,7 @@ def test_label_smoothing_is_in_the_training_loss(tiny_egbert_bert_dir, micro_dat
     model = trainer.model.eval()  # no dropout: the same logits twice
     with torch.no_grad():
         model.classifier.weight.mul_(1e3)  # logits far from even: smoothing shows
-        outputs = model(**batch)
+        outputs = model(**batch, **trainer.loss_arguments)  # what the training forward passes
     expected = F.cross_entropy(outputs.logits, batch["labels"], label_smoothing=0.2)
     torch.testing.assert_close(outputs.loss, expected)
     assert not torch.isclose(outputs.loss, F.cross_entropy(outputs.logits, batch["labels"]))

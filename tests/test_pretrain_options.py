@@ -256,7 +256,9 @@ def test_a_run_trains_and_evaluates_what_its_options_say(
         logits.flatten(0, 1), batch["labels"][:, 1:].flatten(), label_smoothing=0.2
     )
     model.eval()
-    assert model(**batch).loss.item() == pytest.approx(smoothed.item(), rel=1e-5)
+    loss = model(**batch, **trainer.loss_arguments).loss  # what the training forward passes
+    assert loss.item() == pytest.approx(smoothed.item(), rel=1e-5)
+    assert model.config.label_smoothing == 0.0  # the option is the trainer's, not the model's
 
     result = trainer.train()
     assert result.model_dir == out / "model" and result.step == 2

@@ -63,15 +63,18 @@ class TinyLM(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.head = nn.Linear(config.hidden_size, config.vocab_size)
 
-    def forward(self, input_ids, attention_mask=None, labels=None) -> TinyOutput:
+    def forward(self, input_ids, attention_mask=None, labels=None, label_smoothing=None):
+        """label_smoothing: of the loss (None: the config's), as egbert's models take it."""
         logits = self.head(self.dropout(self.norm(self.embed(input_ids))))  # (batch, seq, vocab)
         loss = None
         if labels is not None:
+            if label_smoothing is None:
+                label_smoothing = self.config.label_smoothing
             loss = F.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.size(-1)),
                 labels[:, 1:].reshape(-1),
                 ignore_index=-100,
-                label_smoothing=self.config.label_smoothing,
+                label_smoothing=label_smoothing,
             )
         return TinyOutput(loss, logits)
 
@@ -343,20 +346,43 @@ def test_batch_ramp_refuses_what_it_cannot_do(tmp_path, options, fix):
 
 
 def test_label_smoothing_trains_but_is_off_for_evaluation(tmp_path):
+    """--label-smoothing reaches the training forward as its argument and evaluation passes 0
+    (also against the model's own smoothing); the model's config is never changed."""
     trainer = make_trainer(tmp_path, label_smoothing=0.3, dropout=0.0, eval_size=8)
     model = trainer.accelerator.unwrap_model(trainer.model)
-    assert model.config.label_smoothing == 0.3
+    assert trainer.loss_arguments == {"label_smoothing": 0.3}
+    model.config.label_smoothing = 0.2  # the model's own: evaluation leaves it out too
     metrics = trainer.evaluate()
-    assert model.config.label_smoothing == 0.3 and model.training
+    assert model.config.label_smoothing == 0.2 and model.training
     # the batch goes where the trainer put the model (a GPU when there is one)
     batch = {
         name: value.to(trainer.accelerator.device)
         for name, value in NoisyCollator(0.0)(tiny_dataset(8)).items()
     }
-    model.config.label_smoothing = 0.0
     with torch.no_grad():
-        unsmoothed = model(**batch).loss.item()
+        unsmoothed = model(**batch, label_smoothing=0.0).loss.item()
+        smoothed = model(**batch, **trainer.loss_arguments).loss.item()
     assert metrics["loss"] == pytest.approx(unsmoothed, abs=1e-6)
+    assert smoothed != pytest.approx(unsmoothed, abs=1e-3)
+
+
+class PlainLM(TinyLM):
+    """A model whose forward takes no label_smoothing (transformers' own models)."""
+
+    def forward(self, input_ids, attention_mask=None, labels=None) -> TinyOutput:
+        return super().forward(input_ids, attention_mask, labels)
+
+
+def test_label_smoothing_is_refused_for_a_model_that_cannot_take_it(tmp_path):
+    def trainer(**options) -> Trainer:
+        args = TrainingArguments(output_dir=str(tmp_path), batch_size=4, max_steps=1, **options)
+        return Trainer(PlainLM(TinyConfig()), args, tiny_dataset(8), NoisyCollator(0.0))
+
+    with pytest.raises(ConfigError, match="PlainLM's forward takes no label_smoothing"):
+        trainer(label_smoothing=0.1)
+    plain = trainer()
+    assert plain.loss_arguments == {} and plain.evaluator.forward_arguments == {}
+    assert plain.train().step == 1
 
 
 @proves("pretrain", "--metric-for-best-model")

@@ -315,9 +315,11 @@ def test_training_loss_is_smoothed_by_label_smoothing(tmp_path):
     trainer = trainer_of(options(tmp_path, "--label-smoothing", "0.2", "--max-steps", "1"))
     batch = whole_batch()
     logits = tiny_lm()(batch["input_ids"]).logits
-    smoothed = F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.size(-1)), batch["labels"][:, 1:].reshape(-1),
-        label_smoothing=0.2,
-    )  # fmt: skip
+    flat_logits, targets = logits[:, :-1].reshape(-1, logits.size(-1)), batch["labels"][:, 1:]
+    smoothed = F.cross_entropy(flat_logits, targets.reshape(-1), label_smoothing=0.2)
+    unsmoothed = F.cross_entropy(flat_logits, targets.reshape(-1))
     trainer.train()
-    assert records(trainer, "train")[0]["loss"] == pytest.approx(smoothed.item(), rel=1e-6)
+    logged = records(trainer, "train")[0]["loss"]
+    assert logged == pytest.approx(smoothed.item(), rel=1e-6)
+    assert logged != pytest.approx(unsmoothed.item(), rel=1e-3), "the option changed the loss"
+    assert trainer.accelerator.unwrap_model(trainer.model).config.label_smoothing == 0.0

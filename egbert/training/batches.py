@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import datasets
 import torch
 from accelerate import Accelerator
-from accelerate.data_loader import prepare_data_loader
+from accelerate.data_loader import prepare_data_loader, skip_first_batches
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
@@ -206,3 +206,54 @@ def sequence_length(batch: dict[str, Any]) -> int:
 
 def batch_size(batch: dict[str, Any]) -> int:
     return next(value.size(0) for value in batch.values() if isinstance(value, torch.Tensor))
+
+
+def epochs_done(epoch: int, batches_in_epoch: int, loader: DataLoader) -> float:
+    """Epochs trained, the current one's share of batches included (the last step of a run
+    ends its epoch before the epoch count moves on); a stream, which has no length: `epoch`."""
+    try:
+        share = batches_in_epoch / len(loader)
+    except TypeError:
+        return epoch
+    done = round(epoch + share, 4)
+    return int(done) if done.is_integer() else done
+
+
+def prepare_training(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: Dataset | datasets.IterableDataset,
+    args: TrainingArguments,
+    collator: Callable,
+    message: Callable[[str], None],
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataLoader, StreamPosition | None]:
+    """Accelerate's prepare of the model, the optimizer and the training batches, and a
+    stream's position (None for map-style data): a stream is split between the processes by
+    stream_loader, not by prepare."""
+    if isinstance(dataset, datasets.IterableDataset):
+        model, optimizer = accelerator.prepare(model, optimizer)
+        loader, stream = stream_loader(dataset, args, collator, accelerator, message)
+        return model, optimizer, loader, stream
+    loader = train_loader(dataset, args, collator, accelerator.device)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    return model, optimizer, loader, None
+
+
+def epoch_batches(
+    loader: DataLoader,
+    collator: Callable,
+    epoch: int,
+    skip: int,
+    stream: StreamPosition | None,
+) -> Iterator[dict[str, Any]]:
+    """The rest of `epoch`: its seeded order, minus the `skip` batches already trained (a
+    stream goes on from its restored position instead)."""
+    for component in (loader, collator):
+        if hasattr(component, "set_epoch"):
+            component.set_epoch(epoch)
+    if stream is not None:
+        stream.restart()
+    elif skip:
+        loader = skip_first_batches(loader, skip)
+    return iter(loader)

@@ -19,7 +19,7 @@ import shutil
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import torch
 
 from egbert.errors import CheckpointError, ConfigError
 from egbert.model_files import SHARED_TENSORS_NOTE, first_line, quiet_warnings
+from egbert.training.batches import StreamPosition
 
 # ---------------------------------------------------------------- layout-independent weights
 
@@ -167,8 +168,24 @@ def checkpoints_in(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+# Errors of writing files: a full disk or quota, a read-only or forbidden output directory.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def write_error_reason(error: OSError) -> str:
     return "disk full" if error.errno == errno.ENOSPC else error.strerror or str(error)
+
+
+def write_failure(error: OSError, output_dir: Path, latest: Path | None) -> CheckpointError | None:
+    """A failed write of a run's files (a log, a plot, the final model) as the one-line error
+    that says what to do and whether the `latest` checkpoint survives; None for other errors."""
+    if error.errno not in WRITE_ERRNOS:
+        return None
+    kept = f"the newest checkpoint {latest} is intact" if latest else "no checkpoint yet"
+    return CheckpointError(
+        f"could not write {error.filename or output_dir}: {write_error_reason(error)}; free "
+        f"disk space (or fix the permissions) and run again with --resume ({kept})"
+    )
 
 
 class Checkpointer:
@@ -192,6 +209,15 @@ class Checkpointer:
         """The newest complete checkpoint."""
         found = checkpoints_in(self.folder)
         return found[-1][1] if found else None
+
+    def start(self, args: Any, say: Callable[[str], None]) -> Path | None:
+        """The checkpoint a run with TrainingArguments `args` resumes from (None: it starts
+        anew), after removing what a run killed mid-save left (`start_point` says which)."""
+        self.clean_leftovers(self.folder.parent)
+        latest, note = self.start_point(args)
+        if note:
+            say(note)
+        return latest
 
     def start_point(self, args: Any) -> tuple[Path | None, str | None]:
         """Where a run with TrainingArguments `args` starts: the checkpoint to resume from
@@ -302,20 +328,43 @@ class Checkpointer:
         self.accelerator.wait_for_everyone()
 
     def resume(
-        self, checkpoint: Path, model: torch.nn.Module, run_config: dict[str, Any], anyway: bool
-    ) -> dict[str, Any]:
-        """Restore weights, optimizer, scheduler and RNG from `checkpoint` and return the trainer
-        state saved with it, if the run config it was saved with is `run_config` (or `anyway`).
-        The optimizer, scheduler and RNG files are unpickled with weights_only, so no code a
-        stranger put in them runs."""
-        state = refuse_changed_run(checkpoint, run_config, anyway)
+        self,
+        checkpoint: Path,
+        model: torch.nn.Module,
+        current: TrainerState,
+        args: Any,
+        stream: StreamPosition | None,
+        say: Callable[[str], None],
+    ) -> TrainerState:
+        """Go on from `checkpoint` as it left off, if the run config it was saved with is the
+        `current` state's (or --resume-anyway): weights, optimizer, scheduler and RNG restored,
+        the stream's position too, and the later checkpoints of the run removed (a branch this
+        run trains again); returns the trainer state saved with it."""
+        saved = refuse_changed_run(checkpoint, current.run_config, args.resume_anyway)
+        self._load_state(checkpoint, model)
+        process = self.accelerator.process_index
+        if stream is not None and not stream.load(checkpoint, process):
+            say(f"egbert: {checkpoint} holds no stream position; reading from the start")
+        known = {f.name for f in fields(TrainerState)}
+        state = TrainerState(**{k: v for k, v in saved.items() if k in known})
+        state.run_config, state.config_hash = current.run_config, current.config_hash
+        later = self.remove_after(state.step)
+        say(
+            f"egbert: resumed from {checkpoint} (step {state.step}, epoch {state.epoch}, "
+            f"batch {state.batches_in_epoch} of the epoch)"
+            + (f"; removed the later {', '.join(later)}" if later else "")
+        )
+        return state
+
+    def _load_state(self, checkpoint: Path, model: torch.nn.Module) -> None:
+        """Accelerate's load_state; the optimizer, scheduler and RNG files are unpickled with
+        weights_only, so no code a stranger put in them runs."""
         try:
             with own_storage(model):
                 self.accelerator.load_state(str(checkpoint), load_kwargs={"weights_only": True})
         except (pickle.UnpicklingError, RuntimeError, ValueError, KeyError) as error:
             message = first_line(error)
             raise CheckpointError(f"cannot load checkpoint {checkpoint}: {message}") from None
-        return state
 
 
 def checkpoint_to_resume(output_dir: Path, resume: bool, named: str | None = None) -> Path | None:
@@ -419,43 +468,14 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     return refused
 
 
+def whole_run_config(run_config: dict[str, Any], args: Any, num_processes: int) -> dict[str, Any]:
+    """What defines a run, saved with each checkpoint and compared on resume: the job's
+    `run_config`, with every option, the job's and the trainer's TrainingArguments `args` (a
+    resume may change only a few), and the number of processes (the data each one sees
+    depends on it)."""
+    options = {**run_config.get(OPTIONS, {}), **asdict(args)}
+    return {**run_config, OPTIONS: options, "num_processes": num_processes}
+
+
 def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def save_model_folder(
-    accelerator: Any,
-    model: torch.nn.Module,
-    target: Path,
-    write_extras: Any = None,
-) -> None:
-    """`save_pretrained` of a prepared (possibly wrapped or sharded) model into a folder beside
-    `target`, then moved over it on the main process: a kill or a full disk never leaves a
-    half-written model there. `write_extras(folder)` adds files (tokenizer, card) before."""
-    temp = target.with_name(f".tmp-{target.name}")
-    main = accelerator.is_main_process
-    if main:
-        shutil.rmtree(temp, ignore_errors=True)
-    # Saving creates the folder in every process: none may do so before it is cleared.
-    accelerator.wait_for_everyone()
-    state_dict = untangled_state_dict(accelerator.get_state_dict(model))
-    unwrapped = accelerator.unwrap_model(model)
-    try:
-        with quiet_warnings(SHARED_TENSORS_NOTE):
-            if hasattr(unwrapped, "save_pretrained"):
-                unwrapped.save_pretrained(
-                    temp,
-                    is_main_process=main,
-                    save_function=accelerator.save,
-                    state_dict=state_dict,
-                )
-            else:  # a plain nn.Module: its weights alone
-                accelerator.save_model(model, temp)
-        if main:
-            if write_extras is not None:
-                write_extras(temp)
-            publish_dir(temp, target)
-    finally:
-        if main:
-            shutil.rmtree(temp, ignore_errors=True)  # what a failed save left
-    accelerator.wait_for_everyone()

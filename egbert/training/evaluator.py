@@ -10,8 +10,7 @@ then `finalize_metrics(metrics)` may derive more.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,24 +26,10 @@ from egbert.training.batches import batch_size, eval_loader
 BatchMetrics = Callable[[dict[str, Any], Any], dict[str, tuple[float, float]]]
 
 
-@contextmanager
-def label_smoothing(model: torch.nn.Module, value: float | None) -> Iterator[None]:
-    """The model's label smoothing (a config field of egbert's models) set to `value` for a
-    while; None, or a model without it: unchanged."""
-    config = getattr(model, "config", None)
-    if value is None or not hasattr(config, "label_smoothing"):
-        yield
-        return
-    saved, config.label_smoothing = config.label_smoothing, value
-    try:
-        yield
-    finally:
-        config.label_smoothing = saved
-
-
 class Evaluator:
-    """Evaluates a prepared model on its evaluation sets ({name: set}; each one's metrics
-    prefixed `name_`, none for the name "") and predicts on any set, on every process."""
+    """Evaluates a prepared model on its evaluation sets (one set, or {name: set} with each
+    one's metrics prefixed `name_`) and predicts on any set, on every process.
+    `forward_arguments` go to each forward beside the batch (label smoothing off)."""
 
     def __init__(
         self,
@@ -52,17 +37,21 @@ class Evaluator:
         accelerator: Accelerator,
         args: TrainingArguments,
         collator: Callable[[list[Any]], dict[str, Any]],
-        eval_sets: dict[str, Dataset],
+        eval_sets: Dataset | dict[str, Dataset] | None,
         batch_metrics: BatchMetrics | None = None,
         compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None,
         finalize_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None,
+        forward_arguments: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.accelerator = model, accelerator
-        self.unwrapped = accelerator.unwrap_model(model)
         self.args, self.collator = args, collator
         self.batch_metrics, self.compute_metrics = batch_metrics, compute_metrics
         self.finalize_metrics = finalize_metrics
-        self.loaders = {name: self.loader(data) for name, data in eval_sets.items()}
+        self.forward_arguments = forward_arguments or {}
+        if eval_sets is not None and not isinstance(eval_sets, dict):
+            eval_sets = {"": eval_sets}
+        self.eval_sets = eval_sets or {}
+        self.loaders = {name: self.loader(data) for name, data in self.eval_sets.items()}
 
     def loader(self, dataset: Dataset) -> DataLoader:
         return eval_loader(dataset, self.args, self.collator, self.accelerator)
@@ -90,9 +79,9 @@ class Evaluator:
         sums: dict[str, list[float]] = {}
         logits, labels = [], []
         self.model.eval()
-        with torch.no_grad(), label_smoothing(self.unwrapped, 0.0):
+        with torch.no_grad():
             for batch in loader:
-                outputs = self.model(**batch)
+                outputs = self.model(**batch, **self.forward_arguments)
                 parts = {}
                 if outputs.loss is not None:
                     size = batch_size(batch)

@@ -61,6 +61,20 @@ def adamw(parameters: Any, device: torch.device | str, **options: Any) -> torch.
     return torch.optim.AdamW(parameters, fused=fused, **options)
 
 
+def training_optimizer(
+    model: torch.nn.Module, args: TrainingArguments, device: torch.device
+) -> torch.optim.AdamW:
+    """The trainer's AdamW with the options' lr, betas, eps and weight decay (not on biases
+    and norms: parameter_groups)."""
+    return adamw(
+        parameter_groups(model, args.weight_decay),
+        device,
+        lr=args.lr,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+    )
+
+
 def schedule_multiplier(schedule: str, position: float, total: float, warmup: float) -> float:
     """Multiplier of the peak lr for linear | cosine | constant at `position` of a run of `total`
     with `warmup`, all three in one unit (steps, or seconds in budget mode)."""

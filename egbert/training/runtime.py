@@ -32,6 +32,7 @@ from accelerate.utils import (
 
 from egbert.config import TrainingArguments
 from egbert.errors import ConfigError
+from egbert.training.optimization import accumulation_text
 
 # glibc's mallopt() parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -120,6 +121,21 @@ def cpu_flags() -> frozenset[str]:
         if line.startswith("flags"):
             return frozenset(line.partition(":")[2].split())
     return frozenset()
+
+
+def setup_lines(accelerator: Accelerator, args: TrainingArguments) -> list[str]:
+    """What a run says of its setup when it starts: processes, device, precision, batch (and a
+    warning when bf16 would be slower than fp32 here)."""
+    lines = [
+        f"egbert: training on {accelerator.num_processes} process(es) "
+        f"({accelerator.distributed_type.value}, {accelerator.device}, mixed precision "
+        f"{accelerator.mixed_precision}); batch {args.batch_size} x "
+        f"{accumulation_text(args)} x {accelerator.num_processes} processes"
+    ]
+    if accelerator.mixed_precision == "bf16":
+        warning = slow_bf16_warning(accelerator.device.type)
+        lines += [warning] if warning else []
+    return lines
 
 
 def slow_bf16_warning(device: str) -> str | None:

@@ -1,5 +1,5 @@
 """What the trainer counts per optimizer step (losses, real tokens, FLOPs), kept on the device
-until the processes agree on them.
+until the processes agree on them, and the training time they are divided by.
 
 Reading a number off the device stalls the step, so each step's numbers are summed on the device
 and read at a log, evaluation or save step only, in one collective over every process
@@ -10,12 +10,18 @@ not finite, whether a signal asked to stop, and the elapsed time.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+
+from egbert.errors import TrainingError
+from egbert.report import LossWindow
+from egbert.training.runtime import run_matmul_peak_flops, synchronize
 
 # Where a step ran: (step, epoch, batch of the epoch), for the message that names a bad one.
 Place = tuple[int, int, int]
@@ -49,6 +55,62 @@ def default_flops_per_token(model: torch.nn.Module) -> Callable[[int], float] | 
 def nonfinite_place(place: Place) -> str:
     step, epoch, batch = place
     return f"at step {step} (epoch {epoch}, batch {batch} of the epoch)"
+
+
+def nonfinite_error(loss: float, place: Place) -> TrainingError:
+    return TrainingError(
+        f"the loss is {loss} {nonfinite_place(place)}; lower --lr, check the data, or pass "
+        f"--skip-nonfinite N to skip up to N such steps"
+    )
+
+
+def skipped_message(found: tuple[float, Place], skipped: int, allowed: int) -> str:
+    loss, place = found
+    return (
+        f"egbert: skipped a step with loss {loss} {nonfinite_place(place)} "
+        f"({skipped} of {allowed} allowed)"
+    )
+
+
+def agrees_each_step(args: Any, num_processes: int) -> bool:
+    """Whether the processes agree every step (before the update) or at sync points only:
+    skipping non-finite steps (--skip-nonfinite) must decide before the update, and a budget
+    shared by several processes must give them one elapsed time (one lr) every step."""
+    return args.skip_nonfinite > 0 or (args.budget_minutes is not None and num_processes > 1)
+
+
+class TrainingClock:
+    """The training time: wall time less what `paused()` spans (logging, evaluation, saving).
+    With --compile the first step's time (compiling, then running, once the device is done)
+    goes to `compile_seconds` instead."""
+
+    def __init__(self, compiling: bool) -> None:
+        self.compiling = compiling  # the next step is --compile's first
+        self.compile_seconds = 0.0
+        self.last = time.perf_counter()
+
+    def advance(self, device: torch.device, say: Callable[[str], None]) -> float:
+        """The training seconds since the last call (0 for the compile step, whose time it
+        says)."""
+        if self.compiling:
+            synchronize(device)
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        if not self.compiling:
+            return seconds
+        self.compiling = False
+        self.compile_seconds += seconds
+        say(
+            f"egbert: compiled the model in {seconds:.1f} s (the first step; left out of the "
+            "training time, tokens/s and MFU)"
+        )
+        return 0.0
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.last += time.perf_counter() - started
 
 
 class StepNumbers:
@@ -146,3 +208,40 @@ class PendingSteps:
             stop=bool(signal > 0),
             first_nonfinite=found,
         )
+
+
+class StepLedger:
+    """The steps' numbers on their way from the device to the log: each step's wait on the
+    device (`add`) until the processes agree on them (`agree`); agreed, they go to the window
+    that the next training record averages (`record`)."""
+
+    def __init__(self, accelerator: Accelerator, elapsed_seconds: float, flops: bool) -> None:
+        self.accelerator, self.counts_flops = accelerator, flops
+        self.pending = PendingSteps()
+        self.window = LossWindow(elapsed_seconds)
+        self.matmul_peak_flops: float | None = None  # MFU's denominator, once FLOPs are logged
+
+    def add(self, step: StepNumbers, place: Place) -> None:
+        self.pending.add(step, place)
+
+    def agree(self, state: Any, stop: bool) -> Agreement:
+        """The processes agree on the pending steps (`PendingSteps.agree`): the elapsed time
+        goes to the TrainerState `state`, and unless a loss was not finite (`first_nonfinite`
+        says where; nothing is added then) the tokens go to `state`, the losses to the window."""
+        agreed = self.pending.agree(self.accelerator, stop, state.elapsed_seconds)
+        self.pending = PendingSteps()
+        state.elapsed_seconds = agreed.elapsed_seconds
+        if agreed.first_nonfinite is None:
+            state.tokens_seen += int(agreed.tokens)
+            self.window.add(agreed.losses, agreed.steps, agreed.timed_tokens, agreed.flops)
+        return agreed
+
+    def record(self, state: Any, lr: float) -> dict[str, Any]:
+        """The window's training log record at the TrainerState `state`; a new window starts."""
+        if self.counts_flops:
+            self.matmul_peak_flops = run_matmul_peak_flops(self.accelerator)
+        record = self.window.record(
+            state.step, state.epoch, lr, state.elapsed_seconds, self.matmul_peak_flops
+        )
+        self.window = LossWindow(state.elapsed_seconds)
+        return record
