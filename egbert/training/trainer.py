@@ -425,9 +425,8 @@ class Trainer:
     def _train_epoch(self, progress: tqdm) -> bool:
         """Train until the epoch ends (True) or the run has to stop (False)."""
         loader, state = self.train_loader, self.state
-        skip = state.batches_in_epoch
-        batches = epoch_batches(loader, self.data_collator, state.epoch, skip, self.stream)
-        started_at = self.state.batches_in_epoch
+        started_at = state.batches_in_epoch
+        batches = epoch_batches(loader, self.data_collator, state.epoch, started_at, self.stream)
         while True:
             state = self.state
             count = optimization.batches_per_step(
