@@ -34,7 +34,7 @@ _EXPORTS = {
     ],
     "egbert.pretrain.corpus": ["build_examples"],
     "egbert.embedding": ["embed", "load_model", "TokenEmbeddings", "EmbedOptions"],
-    "egbert.pretrain.prepared": ["prepare_corpus"],
+    "egbert.pretrain.prepare": ["prepare_corpus"],
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
     "egbert.quickstart": [
         "run_quickstart",

@@ -11,7 +11,7 @@ from egbert.errors import EgbertError
 # command -> (module with a `main(argv)` function, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "tokenizer": ("egbert.tokenizer", "train the shared tokenizer or print its statistics"),
-    "prepare": ("egbert.pretrain.prepared", "tokenize a corpus once into a folder for pretrain"),
+    "prepare": ("egbert.pretrain.prepare", "tokenize a corpus once into a folder for pretrain"),
     "pretrain": ("egbert.pretrain.run", "pretrain a bert, gpt or elmo model on text files"),
     "finetune": ("egbert.finetune.run", "fine-tune and evaluate a model on GLUE or custom tasks"),
     "embed": ("egbert.embedding.command", "extract sentence or token embeddings from a model"),

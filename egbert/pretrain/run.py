@@ -58,7 +58,7 @@ from egbert.models.bert import (
 )
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
-from egbert.pretrain import prepared
+from egbert.pretrain import prepared_folder as prepared
 from egbert.pretrain.corpus import (
     build_collator,
     examples_from_documents,
