@@ -50,9 +50,9 @@ from transformers import (
 
 import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with the Auto classes)
 from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
-from egbert.checkpoints import first_line, load_pretrained, read_model_config, resolve_model_dir
+from egbert.checkpoints import load_pretrained, read_model_config, resolve_model_dir
 from egbert.config import FinetuneArguments, TrainingArguments, apply_config_overrides, load_recipe
-from egbert.errors import CheckpointError, ConfigError, DataError
+from egbert.errors import CheckpointError, ConfigError, DataError, first_line
 from egbert.finetune.metrics import (
     compute_task_metrics,
     format_metrics,

@@ -41,8 +41,8 @@ from transformers import (
 from transformers import initialization as init
 
 from egbert.arguments import ArgumentParser, BooleanFlag
-from egbert.checkpoints import ALLOW_PICKLE_HELP, first_line, load_pretrained, read_model_config
-from egbert.errors import CheckpointError
+from egbert.checkpoints import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
+from egbert.errors import CheckpointError, first_line
 from egbert.models.bert import (
     EgbertBertConfig,
     EgbertBertForMaskedLM,

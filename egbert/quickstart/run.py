@@ -16,6 +16,7 @@ from egbert.config import MODEL_FAMILIES, arguments_from_options, load_recipe, p
 from egbert.errors import ConfigError
 from egbert.evaluation import probe, prompting
 from egbert.finetune.tasks import get_task, split_file
+from egbert.hub import check_hub_reachable
 from egbert.pretrain import run as pretrain_run
 from egbert.quickstart import planner
 from egbert.quickstart.budget import Budget, EvaluationRun, Plan, load_plan, planned_size
@@ -42,7 +43,6 @@ from egbert.quickstart.planner import FinetuneWork, Measurement, RunPlan
 from egbert.quickstart.report import Evaluation, Row, averaged_tasks, write_report
 from egbert.quickstart.steps import (
     RunStopped,
-    check_hub_reachable,
     corpus_files,
     corpus_tokens,
     export_hub_corpus,
@@ -83,7 +83,7 @@ def quickstart(args: QuickstartArguments) -> dict[str, Any]:
     output_dir = Path(args.output_dir)
     # Data: local files, or the hub's written out as local files
     if args.from_hub:
-        check_hub_reachable()
+        check_hub_reachable(instead="drop --from-hub and point --data at local WikiText-2 files")
         data, glue = export_hub_corpus(output_dir / "hub-data"), None
     else:
         data = find_data(args.data)
