@@ -214,51 +214,12 @@ def model_card(
     """The card of a saved model: Hub metadata, how to load it (with and without egbert), its
     evaluation, and how it was trained. `name` is the model folder's name; the usage snippet
     uses it rather than a path of the training machine."""
-    model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-    data = _card_metadata(info, model_type, name, metrics)
-    body = _card_body(info, model, model_type, name, metrics, training, options)
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
-
-
-def _card_metadata(
-    info: ModelCardInfo, model_type: str, name: str, metrics: dict[str, float]
-) -> ModelCardData:
-    """The card's Hub metadata (its YAML header), with the evaluation as model-index results
-    where the card says what it was evaluated on."""
-    evaluated = {k: v for k, v in metrics.items() if k != "loss" and isinstance(v, int | float)}
-    results = []
-    if info.evaluation and evaluated:
-        results = [
-            EvalResult(metric_type=metric, metric_value=round(float(value), 4), **info.evaluation)
-            for metric, value in evaluated.items()
-        ]
-    return ModelCardData(
-        library_name="transformers",
-        license=info.license,
-        language=info.language,
-        datasets=info.datasets or None,
-        base_model=info.base_model,
-        pipeline_tag=info.pipeline_tag,
-        tags=["egbert", model_type, "custom_code"],
-        model_name=name if results else None,
-        eval_results=results or None,
-    )
-
-
-def _card_body(
-    info: ModelCardInfo,
-    model: Any,
-    model_type: str,
-    name: str,
-    metrics: dict[str, float],
-    training: str,
-    options: dict[str, Any],
-) -> str:
-    """The card's Markdown: what the model is, how to load it, its evaluation, its training."""
     config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", type(model).__name__)
     config_json = config.to_json_string() if hasattr(config, "to_json_string") else "{}"
+    data = _card_metadata(info, model_type, name, metrics)
     table = "\n".join(f"| {metric} | {value:.4f} |" for metric, value in metrics.items())
-    return f"""
+    body = f"""
 # {name}
 
 {info.description or f"A `{type(model).__name__}` ({model_type}) trained with egbert."}
@@ -297,3 +258,29 @@ head is `{type(model).__name__}`. The modeling files need `transformers>=5.24,<6
 {config_json}
 ```
 """
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
+
+
+def _card_metadata(
+    info: ModelCardInfo, model_type: str, name: str, metrics: dict[str, float]
+) -> ModelCardData:
+    """The card's Hub metadata (its YAML header), with the evaluation as model-index results
+    where the card says what it was evaluated on."""
+    evaluated = {k: v for k, v in metrics.items() if k != "loss" and isinstance(v, int | float)}
+    results = []
+    if info.evaluation and evaluated:
+        results = [
+            EvalResult(metric_type=metric, metric_value=round(float(value), 4), **info.evaluation)
+            for metric, value in evaluated.items()
+        ]
+    return ModelCardData(
+        library_name="transformers",
+        license=info.license,
+        language=info.language,
+        datasets=info.datasets or None,
+        base_model=info.base_model,
+        pipeline_tag=info.pipeline_tag,
+        tags=["egbert", model_type, "custom_code"],
+        model_name=name if results else None,
+        eval_results=results or None,
+    )
