@@ -36,9 +36,9 @@ _EXPORTS = {
     "egbert.embedding": ["embed", "load_model", "TokenEmbeddings", "EmbedOptions"],
     "egbert.pretrain.prepare": ["prepare_corpus"],
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
-    "egbert.quickstart": [
-        "run_quickstart",
-        "QuickstartArguments",
+    "egbert.quickstart.run": ["run_quickstart"],
+    "egbert.quickstart.options": ["QuickstartArguments"],
+    "egbert.quickstart.steps": [
         "RunStopped",
         "find_data",
         "corpus_files",
@@ -50,9 +50,8 @@ _EXPORTS = {
         "finetune_options",
         "pretraining_summary",
         "PretrainingSummary",
-        "score_table",
-        "task_average",
     ],
+    "egbert.quickstart.report": ["score_table", "task_average"],
     "egbert.evaluation": ["run_probe", "run_prompt_eval"],
     "egbert.push": ["push_to_hub"],
     "egbert.tokenizer": ["train_tokenizer", "load_tokenizer"],
