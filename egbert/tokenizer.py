@@ -35,7 +35,13 @@ from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFas
 from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.checkpoints import resolve_model_dir
 from egbert.errors import CheckpointError, ConfigError, DataError
-from egbert.pretrain.sources import check_encoding, load_sources, mix_sources, text_batches
+from egbert.pretrain.sources import (
+    check_encoding,
+    check_text_files,
+    load_sources,
+    mix_sources,
+    text_batches,
+)
 
 PAD, UNK, CLS, SEP, MASK, EOT = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<|endoftext|>"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK, EOT]
@@ -86,19 +92,6 @@ def iter_lines(
                 offset += len(raw)
                 if line.strip():
                     yield line.rstrip("\r\n")
-
-
-def check_text_files(files: Sequence[str | os.PathLike]) -> list[Path]:
-    """Fail early, naming the file, for a missing, non-regular or empty corpus file."""
-    if not files:
-        raise DataError("no input files given; pass at least one text file with --files")
-    paths = [Path(file) for file in files]
-    for path in paths:
-        if not path.is_file():
-            raise DataError(f"{path}: no such file")
-        if path.stat().st_size == 0:
-            raise DataError(f"{path}: the file is empty; pass a text file with one text per line")
-    return paths
 
 
 def _wordpiece_pipeline(model: models.WordPiece, lowercase: bool) -> Tokenizer:
@@ -425,7 +418,8 @@ def tokenizer_stats(
             unknown += encoding_.ids.count(unk_id) if unk_id is not None else 0
 
     batch: list[str] = []
-    for line in tqdm(iter_lines(check_text_files(files), encoding), desc="encoding", unit=" lines"):
+    paths = check_text_files(files, "--files")
+    for line in tqdm(iter_lines(paths, encoding), desc="encoding", unit=" lines"):
         batch.append(line)
         if len(batch) == batch_lines:
             encode(batch)

@@ -103,7 +103,7 @@ def read_documents(
             f"unknown doc_boundary {doc_boundary!r}; choose one of {', '.join(DOC_BOUNDARIES)}"
         )
     check_encoding(encoding, errors)
-    paths = _check_files(files)
+    paths = check_text_files(files)
     # (path, size, mtime, start, end): the mtime makes an edited file miss the Arrow cache.
     ranges = []
     for path in paths:
@@ -140,11 +140,15 @@ def cached_from_generator(
         raise
 
 
-def _check_files(files: Sequence[str | os.PathLike]) -> list[Path]:
+def check_text_files(
+    files: str | os.PathLike | Sequence[str | os.PathLike], option: str = "--train-files"
+) -> list[Path]:
+    """Fail early, naming the file, for a missing, non-regular or empty corpus file; `option`
+    is the one that names the files, for the message when there are none."""
     if isinstance(files, (str, os.PathLike)):
         files = [files]
     if not files:
-        raise DataError("no training text files given; pass at least one with --train-files")
+        raise DataError(f"no text files given; pass at least one with {option}")
     paths = [Path(file) for file in files]
     for path in paths:
         if not path.is_file():
