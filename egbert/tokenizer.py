@@ -38,6 +38,7 @@ from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.pretrain.sources import (
     check_encoding,
     check_text_files,
+    decode_line,
     load_sources,
     mix_sources,
     text_batches,
@@ -82,13 +83,7 @@ def iter_lines(
         offset = 0
         with open(file, "rb") as handle:
             for raw in handle:
-                try:
-                    line = raw.decode(encoding, errors)
-                except UnicodeDecodeError as error:
-                    raise DataError(
-                        f"{file}: byte 0x{raw[error.start]:02x} at offset {offset + error.start} "
-                        f"is not valid {encoding}; pass its encoding, e.g. --encoding latin-1"
-                    ) from None
+                line = decode_line(raw, file, offset, encoding, errors)
                 offset += len(raw)
                 if line.strip():
                     yield line.rstrip("\r\n")

@@ -242,15 +242,23 @@ def _decoded_lines(
             offset += len(raw)
 
 
-def _decoded(raw: bytes, path: str, offset: int, encoding: str, errors: str) -> str:
+def decode_line(
+    raw: bytes, path: str | os.PathLike, offset: int, encoding: str, errors: str
+) -> str:
+    """A line of `path` that starts at byte `offset`, decoded; an undecodable byte is named by
+    its offset in the file, with the fix."""
     try:
-        line = raw.decode(encoding, errors)
+        return raw.decode(encoding, errors)
     except UnicodeDecodeError as error:
         raise DataError(
             f"{path}: byte 0x{raw[error.start]:02x} at offset {offset + error.start} is "
             f"not valid {encoding}; pass the file's encoding (e.g. encoding='latin-1', "
             "--encoding latin-1) or errors='replace'"
         ) from None
+
+
+def _decoded(raw: bytes, path: str, offset: int, encoding: str, errors: str) -> str:
+    line = decode_line(raw, path, offset, encoding, errors)
     if offset == 0:
         line = line.lstrip("\ufeff")  # a byte-order mark is not text
     return line.strip()
