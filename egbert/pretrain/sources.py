@@ -143,8 +143,7 @@ def cached_from_generator(
 def check_text_files(
     files: str | os.PathLike | Sequence[str | os.PathLike], option: str = "--train-files"
 ) -> list[Path]:
-    """Fail early, naming the file, for a missing, non-regular or empty corpus file; `option`
-    is the one that names the files, for the message when there are none."""
+    """The corpus files as paths; DataError for none (naming `option`), a missing or empty one."""
     if isinstance(files, (str, os.PathLike)):
         files = [files]
     if not files:
@@ -242,11 +241,8 @@ def _decoded_lines(
             offset += len(raw)
 
 
-def decode_line(
-    raw: bytes, path: str | os.PathLike, offset: int, encoding: str, errors: str
-) -> str:
-    """A line of `path` that starts at byte `offset`, decoded; an undecodable byte is named by
-    its offset in the file, with the fix."""
+def decode_line(raw: bytes, path: str | Path, offset: int, encoding: str, errors: str) -> str:
+    """A line of `path` starting at byte `offset`, decoded; a bad byte is named by its offset."""
     try:
         return raw.decode(encoding, errors)
     except UnicodeDecodeError as error:
