@@ -21,7 +21,6 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalTokenNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
-from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError, first_line
 from egbert.hub import check_hub_reachable
 
@@ -167,29 +166,3 @@ def describe(plan: PushPlan, repo_id: str, dry_run: bool) -> str:
     ]
     lines += [f"  {name}  ({size:,} bytes)" for name, size in plan.files.items()]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = ArgumentParser(
-        "egbert push",
-        description="Upload a model folder (or a run directory's model/ folder) to the Hugging "
-        "Face Hub: weights, config, tokenizer, model card and modeling code, nothing else.",
-    )
-    parser.add_argument("--repo-id", required=True, help="Hub repository, USER/NAME")
-    parser.add_argument("--folder", required=True, help="model folder or run directory")
-    parser.add_argument("--private", action=BooleanFlag, help="create the repository private")
-    parser.add_argument("--revision", help="branch to push to (default: main)")
-    parser.add_argument("--commit-message", help="commit message on the Hub")
-    parser.add_argument(
-        "--dry-run", action=BooleanFlag, help="print the files that would go up, upload nothing"
-    )
-    args = parser.parse_args(argv)
-    plan = push_to_hub(
-        args.folder,
-        args.repo_id,
-        private=args.private,
-        revision=args.revision,
-        commit_message=args.commit_message,
-        dry_run=args.dry_run,
-    )
-    print(describe(plan, args.repo_id, args.dry_run))

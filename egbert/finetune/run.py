@@ -114,11 +114,6 @@ DESCRIPTION = (
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    output = finetune(*parse_finetune_args(argv))
-    PartialState().print(output.table)  # once, under torchrun too
-
-
 def run_finetuning(**options: Any) -> FinetuneOutput:
     """`egbert finetune` from Python: the keyword arguments are the command's options
     (FinetuneArguments and TrainingArguments fields, e.g. task="rte", model="runs/bert",
@@ -641,7 +636,3 @@ def check_paths(args: FinetuneArguments) -> None:
         raise CheckpointError(f"--model {args.model}: no such model directory")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise DataError(f"--data-dir {args.data_dir}: no such folder; pass the GLUE folder")
-
-
-if __name__ == "__main__":
-    main()

@@ -73,19 +73,6 @@ DESCRIPTION = (
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    manifest = prepare(*parse_prepare_args(argv))
-    splits = manifest["splits"]
-    train, validation = splits["train"], splits.get("validation", {}).get("examples")
-    print(
-        f"egbert: {manifest['family']} examples in {manifest['folder']}: "
-        f"{train['examples']:,} for training ({train['tokens']:,} {manifest['dtype']} tokens "
-        f"from {train['documents']:,} documents)"
-        + (f", {validation:,} for validation" if validation is not None else ""),
-        flush=True,
-    )
-
-
 def prepare_corpus(**options: Any) -> dict[str, Any]:
     """`egbert prepare` from Python: the keyword arguments are the command's options
     (PretrainArguments fields such as model, tokenizer, train_files, seq_len, and output_dir,

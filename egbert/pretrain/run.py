@@ -88,10 +88,6 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 PIPELINE_TAGS = {"bert": "fill-mask", "gpt": "text-generation", "elmo": "feature-extraction"}
 
 
-def main(argv: list[str] | None = None) -> None:
-    pretrain(*parse_pretrain_args(argv))
-
-
 def run_pretraining(**options: Any) -> TrainOutput:
     """`egbert pretrain` from Python: the keyword arguments are the command's options
     (PretrainArguments and TrainingArguments fields, e.g. model="gpt", train_files=[...],
@@ -417,7 +413,3 @@ EVAL_METRICS = {
     "gpt": (gpt_metrics, gpt_perplexity),
     "elmo": (elmo_metrics, elmo_perplexities),
 }
-
-
-if __name__ == "__main__":
-    main()

@@ -12,7 +12,7 @@ from typing import Any
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from egbert.config import MODEL_FAMILIES, arguments_from_options, load_recipe, parse_args
+from egbert.config import MODEL_FAMILIES, arguments_from_options, load_recipe
 from egbert.errors import ConfigError
 from egbert.evaluation import probe, prompting
 from egbert.finetune.tasks import get_task, split_file
@@ -22,7 +22,6 @@ from egbert.quickstart import planner
 from egbert.quickstart.budget import Budget, EvaluationRun, Plan, load_plan, planned_size
 from egbert.quickstart.options import (
     CARD_DATASETS,
-    DESCRIPTION,
     EVALUATION_SHARE,
     FAMILY_SHARES,
     FIRST_OVERHEAD_SECONDS,
@@ -63,11 +62,6 @@ from egbert.runtime import bf16_pays_off, training_device
 
 # The fine-tuned rows in priority order, as the planner names them (planner.FinetuneWork.models)
 FINETUNED = (Row("bert"), Row("bert", pretrained=False), Row("gpt"), Row("elmo"))
-
-
-def main(argv: list[str] | None = None) -> None:
-    (args,) = parse_args((QuickstartArguments,), argv, "egbert quickstart", DESCRIPTION)
-    quickstart(args)
 
 
 def run_quickstart(**options: Any) -> dict[str, Any]:
