@@ -1,4 +1,12 @@
-"""The `egbert` command: dispatches to the job modules, prints user errors on one line."""
+"""The `egbert` command: dispatches to the commands' modules, prints user errors on one line.
+
+Where a command lives: `egbert COMMAND` runs `main(argv)` of `egbert/commands/COMMAND.py` (a
+hyphen becomes an underscore: `egbert prompt-eval` is `egbert/commands/prompt_eval.py`). A
+command's module is its command line and nothing else: it parses argv (with the job's own
+parser where the job has one, so that `--help` shows the defaults the Python API uses) and calls
+the job's library function (`egbert pretrain` -> `egbert.pretrain.run.pretrain`), then prints
+what the command reports. The jobs never import `egbert.commands`.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +16,25 @@ import sys
 
 from egbert.errors import EgbertError
 
-# command -> (module with a `main(argv)` function, one-line summary)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "tokenizer": ("egbert.tokenizer", "train the shared tokenizer or print its statistics"),
-    "prepare": ("egbert.pretrain.prepared", "tokenize a corpus once into a folder for pretrain"),
-    "pretrain": ("egbert.pretrain.run", "pretrain a bert, gpt or elmo model on text files"),
-    "finetune": ("egbert.finetune.run", "fine-tune and evaluate a model on GLUE or custom tasks"),
-    "embed": ("egbert.embedding.command", "extract sentence or token embeddings from a model"),
-    "probe": ("egbert.evaluation.probe", "score a frozen model's features with a linear probe"),
-    "prompt-eval": ("egbert.evaluation.prompting", "score a gpt model by k-shot prompting"),
-    "generate": ("egbert.generate", "generate text with a gpt model"),
-    "convert": ("egbert.models.convert", "convert stock transformers BERT/GPT-2 <-> egbert"),
-    "push": ("egbert.push", "upload a model folder to the Hugging Face Hub"),
-    "quickstart": ("egbert.quickstart.run", "run the whole pipeline on the data in $EGBERT_DATA"),
+# command -> one-line summary; its module is module_name(command)
+COMMANDS: dict[str, str] = {
+    "tokenizer": "train the shared tokenizer or print its statistics",
+    "prepare": "tokenize a corpus once into a folder for pretrain",
+    "pretrain": "pretrain a bert, gpt or elmo model on text files",
+    "finetune": "fine-tune and evaluate a model on GLUE or custom tasks",
+    "embed": "extract sentence or token embeddings from a model",
+    "probe": "score a frozen model's features with a linear probe",
+    "prompt-eval": "score a gpt model by k-shot prompting",
+    "generate": "generate text with a gpt model",
+    "convert": "convert stock transformers BERT/GPT-2 <-> egbert",
+    "push": "upload a model folder to the Hugging Face Hub",
+    "quickstart": "run the whole pipeline on the data in $EGBERT_DATA",
 }
+
+
+def module_name(command: str) -> str:
+    """The module whose `main(argv)` runs `egbert COMMAND`."""
+    return f"egbert.commands.{command.replace('-', '_')}"
 
 
 def usage() -> str:
@@ -33,7 +46,7 @@ def usage() -> str:
         "",
         "commands:",
     ]
-    lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += [f"  {name:<{width}}  {summary}" for name, summary in COMMANDS.items()]
     return "\n".join(lines)
 
 
@@ -47,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         print(usage(), file=sys.stderr)
         sys.exit(f"egbert: error: unknown command {command!r}; choose from {', '.join(COMMANDS)}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    module = importlib.import_module(COMMANDS[command][0])
+    module = importlib.import_module(module_name(command))
     try:
         module.main(rest)
     except EgbertError as error:

@@ -23,3 +23,9 @@ class CheckpointError(EgbertError):
 
 class TrainingError(EgbertError):
     """Training cannot go on (for example a non-finite loss)."""
+
+
+def first_line(error: BaseException) -> str:
+    """An exception as one line for a one-line error message."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

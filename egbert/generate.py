@@ -9,9 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, TextStreamer
 
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
-from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError
-from egbert.model_files import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
+from egbert.model_files import load_pretrained, read_model_config
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 
 CAUSAL_MODEL_TYPES = ("egbert-gpt", "gpt2")
@@ -109,33 +108,3 @@ def prompt_ids(tokenizer, prompt: str, config) -> torch.Tensor:
             raise ConfigError("--prompt is empty and the model has no bos token to start from")
         ids = [start]
     return torch.tensor([ids])
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = ArgumentParser(
-        "egbert generate",
-        description="Continue a prompt with a gpt model, streaming the text to stdout.",
-    )
-    parser.add_argument("--model", required=True, help="gpt model directory (with its tokenizer)")
-    parser.add_argument("--prompt", required=True, help="text to continue")
-    parser.add_argument("--max-new-tokens", type=int, help="tokens to generate")
-    parser.add_argument(
-        "--temperature", type=float, help="sampling temperature; 0 or absent: greedy"
-    )
-    parser.add_argument("--top-k", type=int, help="sample from the k likeliest")
-    parser.add_argument("--top-p", type=float, help="sample from the smallest set with this mass")
-    parser.add_argument("--seed", type=int, help="random seed for sampling")
-    parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
-    parser.defaults_from(generate)
-    args = parser.parse_args(argv)
-    check_sampling_options(args)
-    generate(
-        args.model,
-        args.prompt,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        allow_pickle=args.allow_pickle,
-    )

@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
-from egbert.errors import CheckpointError
+from egbert.errors import CheckpointError, first_line
 
 SAFE_SUFFIXES = (".safetensors", ".safetensors.index.json")
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -42,12 +42,6 @@ ALLOW_PICKLE_HELP = (
 RUN_MODEL_DIR = "model"
 # What loading a broken or mismatched checkpoint raises inside transformers and torch.
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, pickle.PickleError)
-
-
-def first_line(error: BaseException) -> str:
-    """An exception as one line for a one-line error message."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def resolve_model_dir(path: str | os.PathLike) -> Path:

@@ -17,12 +17,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import HfApi, constants
+from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalTokenNotFoundError
-from huggingface_hub.utils import get_session, validate_repo_id
+from huggingface_hub.utils import validate_repo_id
 
-from egbert.arguments import ArgumentParser, BooleanFlag
-from egbert.errors import CheckpointError, ConfigError
+from egbert.errors import CheckpointError, ConfigError, first_line
+from egbert.hub import check_hub_reachable
 
 # What a Hub model repository holds, as file name patterns (top level only).
 MODEL_FILES = (
@@ -58,7 +58,6 @@ LEFTOVER_FILES = (
     "*.jsonl",
     "events.out.tfevents*",
 )
-REACH_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -107,25 +106,9 @@ def plan_upload(folder: str | os.PathLike) -> PushPlan:
     return PushPlan(folder, files)
 
 
-def check_hub_reachable(api: HfApi) -> None:
-    """Fail in seconds, before anything is uploaded, when the Hub cannot be reached or no token
-    is set (otherwise the upload itself would be the first to find out)."""
-    if constants.is_offline_mode():
-        raise ConfigError(
-            "HF_HUB_OFFLINE is set, so the Hub cannot be reached; unset HF_HUB_OFFLINE to push "
-            "(or pass --dry-run to list the files only)"
-        )
-    try:
-        # huggingface_hub's client: its proxy settings, a short timeout instead of none
-        response = get_session().head(api.endpoint, timeout=REACH_TIMEOUT_S)
-        reason = f"it answered HTTP {response.status_code}" if response.status_code >= 400 else ""
-    except Exception as error:  # the HTTP client's errors share no base huggingface_hub exports
-        reason = first_line(error)
-    if reason:
-        raise ConfigError(
-            f"cannot reach the Hub at {api.endpoint} ({reason}); check the network connection "
-            "or the HTTPS_PROXY setting"
-        )
+def check_token(api: HfApi) -> None:
+    """Fail before anything is uploaded when no token is set or the Hub refuses it (otherwise
+    the upload itself would be the first to find out)."""
     try:
         api.whoami()
     except LocalTokenNotFoundError:
@@ -134,11 +117,6 @@ def check_hub_reachable(api: HfApi) -> None:
         ) from None
     except HfHubHTTPError as error:
         raise ConfigError(f"the Hub refused the token: {first_line(error)}") from None
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def push_to_hub(
@@ -161,8 +139,9 @@ def push_to_hub(
     plan = plan_upload(folder)
     if dry_run:
         return plan
+    check_hub_reachable(instead="pass --dry-run to list the files only")
     api = HfApi()
-    check_hub_reachable(api)
+    check_token(api)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
         if revision is not None:
@@ -187,29 +166,3 @@ def describe(plan: PushPlan, repo_id: str, dry_run: bool) -> str:
     ]
     lines += [f"  {name}  ({size:,} bytes)" for name, size in plan.files.items()]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = ArgumentParser(
-        "egbert push",
-        description="Upload a model folder (or a run directory's model/ folder) to the Hugging "
-        "Face Hub: weights, config, tokenizer, model card and modeling code, nothing else.",
-    )
-    parser.add_argument("--repo-id", required=True, help="Hub repository, USER/NAME")
-    parser.add_argument("--folder", required=True, help="model folder or run directory")
-    parser.add_argument("--private", action=BooleanFlag, help="create the repository private")
-    parser.add_argument("--revision", help="branch to push to (default: main)")
-    parser.add_argument("--commit-message", help="commit message on the Hub")
-    parser.add_argument(
-        "--dry-run", action=BooleanFlag, help="print the files that would go up, upload nothing"
-    )
-    args = parser.parse_args(argv)
-    plan = push_to_hub(
-        args.folder,
-        args.repo_id,
-        private=args.private,
-        revision=args.revision,
-        commit_message=args.commit_message,
-        dry_run=args.dry_run,
-    )
-    print(describe(plan, args.repo_id, args.dry_run))

@@ -229,24 +229,7 @@ def model_card(
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", type(model).__name__)
     config_json = config.to_json_string() if hasattr(config, "to_json_string") else "{}"
-    evaluated = {k: v for k, v in metrics.items() if k != "loss" and isinstance(v, int | float)}
-    results = []
-    if info.evaluation and evaluated:
-        results = [
-            EvalResult(metric_type=metric, metric_value=round(float(value), 4), **info.evaluation)
-            for metric, value in evaluated.items()
-        ]
-    data = ModelCardData(
-        library_name="transformers",
-        license=info.license,
-        language=info.language,
-        datasets=info.datasets or None,
-        base_model=info.base_model,
-        pipeline_tag=info.pipeline_tag,
-        tags=["egbert", model_type, "custom_code"],
-        model_name=name if results else None,
-        eval_results=results or None,
-    )
+    data = _card_metadata(info, model_type, name, metrics)
     table = "\n".join(f"| {metric} | {value:.4f} |" for metric, value in metrics.items())
     body = f"""
 # {name}
@@ -288,3 +271,28 @@ head is `{type(model).__name__}`. The modeling files need `transformers>=5.24,<6
 ```
 """
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
+
+
+def _card_metadata(
+    info: ModelCardInfo, model_type: str, name: str, metrics: dict[str, float]
+) -> ModelCardData:
+    """The card's Hub metadata (its YAML header), with the evaluation as model-index results
+    where the card says what it was evaluated on."""
+    evaluated = {k: v for k, v in metrics.items() if k != "loss" and isinstance(v, int | float)}
+    results = []
+    if info.evaluation and evaluated:
+        results = [
+            EvalResult(metric_type=metric, metric_value=round(float(value), 4), **info.evaluation)
+            for metric, value in evaluated.items()
+        ]
+    return ModelCardData(
+        library_name="transformers",
+        license=info.license,
+        language=info.language,
+        datasets=info.datasets or None,
+        base_model=info.base_model,
+        pipeline_tag=info.pipeline_tag,
+        tags=["egbert", model_type, "custom_code"],
+        model_name=name if results else None,
+        eval_results=results or None,
+    )

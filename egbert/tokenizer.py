@@ -11,7 +11,6 @@ CLI: `egbert tokenizer train ...` and `egbert tokenizer stats ...` (see `--help`
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -35,7 +34,14 @@ from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFas
 from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.model_files import resolve_model_dir
-from egbert.pretrain.sources import check_encoding, load_sources, mix_sources, text_batches
+from egbert.pretrain.sources import (
+    check_encoding,
+    check_text_files,
+    decode_line,
+    load_sources,
+    mix_sources,
+    text_batches,
+)
 
 PAD, UNK, CLS, SEP, MASK, EOT = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<|endoftext|>"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK, EOT]
@@ -76,29 +82,10 @@ def iter_lines(
         offset = 0
         with open(file, "rb") as handle:
             for raw in handle:
-                try:
-                    line = raw.decode(encoding, errors)
-                except UnicodeDecodeError as error:
-                    raise DataError(
-                        f"{file}: byte 0x{raw[error.start]:02x} at offset {offset + error.start} "
-                        f"is not valid {encoding}; pass its encoding, e.g. --encoding latin-1"
-                    ) from None
+                line = decode_line(raw, file, offset, encoding, errors)
                 offset += len(raw)
                 if line.strip():
                     yield line.rstrip("\r\n")
-
-
-def check_text_files(files: Sequence[str | os.PathLike]) -> list[Path]:
-    """Fail early, naming the file, for a missing, non-regular or empty corpus file."""
-    if not files:
-        raise DataError("no input files given; pass at least one text file with --files")
-    paths = [Path(file) for file in files]
-    for path in paths:
-        if not path.is_file():
-            raise DataError(f"{path}: no such file")
-        if path.stat().st_size == 0:
-            raise DataError(f"{path}: the file is empty; pass a text file with one text per line")
-    return paths
 
 
 def _wordpiece_pipeline(model: models.WordPiece, lowercase: bool) -> Tokenizer:
@@ -425,7 +412,8 @@ def tokenizer_stats(
             unknown += encoding_.ids.count(unk_id) if unk_id is not None else 0
 
     batch: list[str] = []
-    for line in tqdm(iter_lines(check_text_files(files), encoding), desc="encoding", unit=" lines"):
+    paths = check_text_files(files, "--files")
+    for line in tqdm(iter_lines(paths, encoding), desc="encoding", unit=" lines"):
         batch.append(line)
         if len(batch) == batch_lines:
             encode(batch)
@@ -515,29 +503,3 @@ def build_parser() -> ArgumentParser:
     stats.add_argument("--json", action=BooleanFlag, help="print the statistics as JSON")
     stats.defaults_from(tokenizer_stats)
     return parser
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    if args.action == "train":
-        start = time.perf_counter()
-        tokenizer = train_tokenizer(
-            args.files,
-            kind=args.kind,
-            vocab_size=args.vocab_size,
-            lowercase=args.lowercase,
-            out_dir=args.out,
-            min_frequency=args.min_frequency,
-            encoding=args.encoding,
-            dataset=args.dataset,
-            dataset_config=args.dataset_config,
-            split=args.split,
-            text_column=args.text_column,
-            source_weights=args.source_weights,
-        )
-        seconds = time.perf_counter() - start
-        print(f"trained a {args.kind} tokenizer of {len(tokenizer):,} tokens in {seconds:.1f} s")
-        print(f"saved to {args.out}")
-        return
-    stats = tokenizer_stats(load_tokenizer(args.tokenizer), args.files, encoding=args.encoding)
-    print(json.dumps(stats, indent=2) if args.json else format_stats(stats))

@@ -22,8 +22,8 @@ from egbert import (
     EgbertGPTForCausalLM,
 )
 from egbert.cli import main as cli_main
+from egbert.commands.pretrain import main
 from egbert.models import kernels
-from egbert.pretrain.run import main
 from egbert.training.trainer import COMPILE_SETTINGS
 
 SHAPE = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, intermediate_size=64)

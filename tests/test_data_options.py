@@ -22,7 +22,8 @@ from option_coverage import proves
 from transformers import AutoTokenizer
 
 from egbert.errors import ConfigError, DataError
-from egbert.pretrain.prepared import PreparedFolder, parse_prepare_args, prepare
+from egbert.pretrain.prepare import parse_prepare_args, prepare
+from egbert.pretrain.prepared_folder import PreparedFolder
 from egbert.pretrain.run import parse_pretrain_args, pretraining_data
 from egbert.tokenizer import load_tokenizer, train_tokenizer
 

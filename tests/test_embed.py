@@ -21,8 +21,8 @@ from test_pretrain_run import logged
 from transformers import AutoModel, AutoTokenizer
 
 from egbert import cli
+from egbert.commands.embed import build_parser, main
 from egbert.embedding import COMBINES, POOLS, embed, load_model
-from egbert.embedding.command import build_parser, main
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM

@@ -11,8 +11,9 @@ from option_coverage import proves
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, BertConfig, BertModel
 
+from egbert.commands.finetune import main
 from egbert.errors import CheckpointError, ConfigError
-from egbert.finetune.run import main, tokenize
+from egbert.finetune.run import tokenize
 from egbert.finetune.tasks import GLUE_TASKS, read_glue_split
 from egbert.models.bert import EgbertBertConfig, EgbertBertModel
 from egbert.tokenizer import load_tokenizer

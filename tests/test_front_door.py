@@ -20,7 +20,7 @@ from egbert.cli import COMMANDS, main
 from egbert.config import MODEL_FAMILIES, FinetuneArguments, TrainingArguments, load_recipe
 from egbert.errors import ConfigError
 from egbert.finetune.run import finetuning_recipe, parse_finetune_args
-from egbert.pretrain.prepared import prepare_arguments
+from egbert.pretrain.prepare import prepare_arguments
 from egbert.pretrain.run import parse_pretrain_args, pretrain_arguments
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")

@@ -22,7 +22,7 @@ from unittest import mock
 import pytest
 
 from egbert.arguments import ArgumentParser
-from egbert.cli import COMMANDS
+from egbert.cli import COMMANDS, module_name
 
 TESTS = Path(__file__).parent
 
@@ -39,7 +39,7 @@ def _catch(parser: ArgumentParser, *args, **kwargs):
 
 def command_parser(command: str) -> ArgumentParser:
     """The parser `egbert COMMAND` builds, caught as its main() starts parsing."""
-    module = importlib.import_module(COMMANDS[command][0])
+    module = importlib.import_module(module_name(command))
     with mock.patch.object(ArgumentParser, "parse_args", _catch):
         try:
             module.main(["--help"])

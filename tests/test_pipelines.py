@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, pipeline
 
+from egbert.commands.pretrain import main as pretrain_main
 from egbert.generate import generate
 from egbert.models.bert import EgbertBertConfig, EgbertBertForMaskedLM, EgbertBertModel
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoModel
@@ -22,7 +23,6 @@ from egbert.models.heads import (
     EgbertBertForSequenceClassification,
     EgbertGPTForSequenceClassification,
 )
-from egbert.pretrain.run import main as pretrain_main
 from egbert.tokenizer import RECURRENT_MAX_LENGTH, load_tokenizer, tokenizer_for_model
 
 PROMPT = "the history of"

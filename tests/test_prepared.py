@@ -25,8 +25,9 @@ import egbert
 from egbert.cli import main as cli_main
 from egbert.errors import ConfigError, DataError
 from egbert.pretrain.corpus import build_examples
-from egbert.pretrain.prepared import PreparedFolder, token_dtype, write_examples
+from egbert.pretrain.prepared_folder import PreparedFolder
 from egbert.pretrain.run import pretrain_arguments
+from egbert.pretrain.shard_writer import token_dtype, write_examples
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 
@@ -109,7 +110,7 @@ def test_shards_split_a_large_split_and_read_back_in_order(tmp_path):
     assert len(tokens) == 10 and all(95 < count <= 100 for count in tokens[:-1])
     assert written["examples"] == 300 and written["tokens"] == 900
     folder = tmp_path / "train"
-    from egbert.pretrain.prepared import PreparedExamples
+    from egbert.pretrain.prepared_folder import PreparedExamples
 
     examples = PreparedExamples(folder, written, np.uint16)
     assert [examples[i]["input_ids"].tolist() for i in range(300)] == rows

@@ -31,7 +31,7 @@ from egbert.models.bert import (
 )
 from egbert.models.elmo import EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
-from egbert.pretrain.prepared import parse_prepare_args, prepare_arguments
+from egbert.pretrain.prepare import parse_prepare_args, prepare_arguments
 from egbert.pretrain.run import (
     build_model,
     model_flops_per_token,

@@ -21,9 +21,10 @@ from transformers import AutoModel, AutoTokenizer
 
 import egbert.models  # noqa: F401  (registers the Auto classes)
 from egbert.cli import main as cli_main
+from egbert.commands.pretrain import main
 from egbert.config import PretrainArguments, TrainingArguments, load_preset, parse_args
 from egbert.errors import ConfigError
-from egbert.pretrain.run import FAMILY_DEFAULTS, build_model, main, parse_pretrain_args
+from egbert.pretrain.run import FAMILY_DEFAULTS, build_model, parse_pretrain_args
 from egbert.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")

@@ -19,13 +19,13 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 import egbert
+from egbert.commands.quickstart import main
 from egbert.errors import ConfigError, DataError
 from egbert.quickstart import budget as planning
 from egbert.quickstart import options, report, run
 from egbert.quickstart.budget import Budget, Plan
 from egbert.quickstart.planner import FinetuneChoice, RunPlan
 from egbert.quickstart.report import Row
-from egbert.quickstart.run import main
 from egbert.quickstart.steps import export_hub_corpus, finetune_options
 from egbert.training.runtime import bf16_pays_off
 

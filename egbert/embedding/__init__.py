@@ -2,7 +2,7 @@
 
 Library: `egbert.embed(model_or_dir, texts_or_pairs, layers=..., combine=..., pool=...,
 output=...)`, the one entry; command line: `egbert embed --model DIR --input FILE --output FILE`
-(`egbert.embedding.command`), which maps its options onto it with the same defaults (mean
+(`egbert.commands.embed`), which maps its options onto it with the same defaults (mean
 pooling of the last four layers concatenated, batches of 64) and the same checks
 (`EmbedOptions`). Works for egbert's bert, gpt and elmo models and for stock transformers
 checkpoints that `AutoModel` loads (BERT, GPT-2).
@@ -20,7 +20,7 @@ mix is trained by the fine-tuning heads, not here.
 
 The package: `options` (EmbedOptions: defaults and checks), `loading` (the model and the checks
 that need it), `vectors` (texts to vectors), `writers` (.npy, .safetensors, .jsonl, stdout),
-`extract` (`embed`), `command` (`egbert embed`).
+`extract` (`embed`); its command line is `egbert.commands.embed`.
 """
 
 from egbert.embedding.extract import embed

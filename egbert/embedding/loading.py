@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from egbert.errors import CheckpointError, ConfigError
-from egbert.model_files import first_line, load_pretrained, resolve_model_dir
+from egbert.errors import CheckpointError, ConfigError, first_line
+from egbert.model_files import load_pretrained, resolve_model_dir
 from egbert.tokenizer import check_vocab_matches
 
 

@@ -417,11 +417,3 @@ def build_parser() -> ArgumentParser:
     add_run_arguments(parser, RESULTS_FILE)
     parser.defaults_from(run_probe)
     return parser
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    results = run_probe(**vars(args))
-    print(results_table(results))
-    if args.output_dir is not None:
-        print(f"egbert probe: wrote {args.output_dir / RESULTS_FILE}")

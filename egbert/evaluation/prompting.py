@@ -545,14 +545,3 @@ def build_parser() -> ArgumentParser:
     add_run_arguments(parser, RESULTS_FILE)
     parser.defaults_from(run_prompt_eval)
     return parser
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    results = run_prompt_eval(**vars(args))
-    for name, task in results["tasks"].items():
-        if "note" in task:
-            print(f"egbert prompt-eval: {name}: {task['note']}")
-    print(results_table(results))
-    if args.output_dir is not None:
-        print(f"egbert prompt-eval: wrote {args.output_dir / RESULTS_FILE}")

@@ -51,7 +51,7 @@ from transformers import (
 import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with the Auto classes)
 from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
 from egbert.config import FinetuneArguments, TrainingArguments, apply_config_overrides, load_recipe
-from egbert.errors import CheckpointError, ConfigError, DataError
+from egbert.errors import CheckpointError, ConfigError, DataError, first_line
 from egbert.finetune.metrics import (
     compute_task_metrics,
     format_metrics,
@@ -71,7 +71,7 @@ from egbert.finetune.tasks import (
     read_task_file,
     split_file,
 )
-from egbert.model_files import first_line, load_pretrained, read_model_config, resolve_model_dir
+from egbert.model_files import load_pretrained, read_model_config, resolve_model_dir
 from egbert.models.convert import convert_checkpoint
 from egbert.report import ModelCardInfo
 from egbert.tokenizer import FAMILY_OF_MODEL_TYPE, check_vocab_matches, load_tokenizer
@@ -112,11 +112,6 @@ DESCRIPTION = (
     "the best epoch on dev and writes GLUE submission files. The defaults are fine-tuning's "
     "recipe (egbert/configs/recipes/); --print-config shows every resolved option."
 )
-
-
-def main(argv: list[str] | None = None) -> None:
-    output = finetune(*parse_finetune_args(argv))
-    PartialState().print(output.table)  # once, under torchrun too
 
 
 def run_finetuning(**options: Any) -> FinetuneOutput:
@@ -641,7 +636,3 @@ def check_paths(args: FinetuneArguments) -> None:
         raise CheckpointError(f"--model {args.model}: no such model directory")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise DataError(f"--data-dir {args.data_dir}: no such folder; pass the GLUE folder")
-
-
-if __name__ == "__main__":
-    main()

@@ -38,6 +38,7 @@ import hashlib
 import random
 import re
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -174,14 +175,7 @@ def build_nsp_examples(
         "seed": seed,
     }
     if isinstance(tokenized, IterableDataset):
-        return tokenized.map(
-            _streaming_nsp_batch,
-            batched=True,
-            batch_size=STREAM_GROUP_DOCUMENTS,
-            fn_kwargs=options,
-            remove_columns=["input_ids"],
-            features=NSP_FEATURES,
-        )
+        return _map_document_groups(tokenized, _streaming_nsp_batch, options, NSP_FEATURES)
     documents = tokenized.with_format(None)
     return documents.map(
         _nsp_batch,
@@ -193,6 +187,21 @@ def build_nsp_examples(
         features=NSP_FEATURES,
         num_proc=num_proc,
         desc="building NSP pairs",
+    )
+
+
+def _map_document_groups(
+    stream: IterableDataset, build: Callable, options: dict[str, Any], features: Features
+) -> IterableDataset:
+    """A stream of tokenized documents as the examples `build(batch, **options)` makes of each
+    group of STREAM_GROUP_DOCUMENTS documents (see the module doc)."""
+    return stream.map(
+        build,
+        batched=True,
+        batch_size=STREAM_GROUP_DOCUMENTS,
+        fn_kwargs=options,
+        remove_columns=["input_ids"],
+        features=features,
     )
 
 
@@ -402,27 +411,20 @@ def _packed(
     if block_size < 1:
         raise ConfigError(f"block size {block_size} leaves no room for text; use a larger one")
     # Tuples, not lists: `datasets` reads a list in gen_kwargs as shards to split among workers.
-    gen_kwargs = {
-        "tokenized": tokenized,
+    options = {
         "block_size": block_size,
         "separator_id": separator_id,
         "prefix": prefix,
         "suffix": suffix,
     }
     if isinstance(tokenized, IterableDataset):
-        return tokenized.map(
-            _packed_batch,
-            batched=True,
-            batch_size=STREAM_GROUP_DOCUMENTS,
-            fn_kwargs={name: value for name, value in gen_kwargs.items() if name != "tokenized"},
-            remove_columns=["input_ids"],
-            features=BLOCK_FEATURES,
-        )
+        return _map_document_groups(tokenized, _packed_batch, options, BLOCK_FEATURES)
     # Packing is sequential (a block spans documents), so it runs as one generator; its cache
     # key is the input's fingerprint and the options, not a hash of the whole input.
     fingerprint = Hasher.hash(
         [_packed_rows, tokenized._fingerprint, block_size, separator_id, prefix, suffix]
     )
+    gen_kwargs = {"tokenized": tokenized, **options}
     return cached_from_generator(_packed_rows, BLOCK_FEATURES, gen_kwargs, fingerprint)
 
 

@@ -53,7 +53,7 @@ from egbert.models.bert import (
 )
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
-from egbert.pretrain import prepared
+from egbert.pretrain import prepared_folder as prepared
 from egbert.pretrain.corpus import (
     build_collator,
     examples_from_documents,
@@ -82,10 +82,6 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 
 # What each family's model is for on the Hub (the card's pipeline_tag).
 PIPELINE_TAGS = {"bert": "fill-mask", "gpt": "text-generation", "elmo": "feature-extraction"}
-
-
-def main(argv: list[str] | None = None) -> None:
-    pretrain(*parse_pretrain_args(argv))
 
 
 def run_pretraining(**options: Any) -> TrainOutput:
@@ -413,7 +409,3 @@ EVAL_METRICS = {
     "gpt": (gpt_metrics, gpt_perplexity),
     "elmo": (elmo_metrics, elmo_perplexities),
 }
-
-
-if __name__ == "__main__":
-    main()

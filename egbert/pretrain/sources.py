@@ -50,9 +50,9 @@ from datasets import Dataset, Features, IterableDataset, Value
 from datasets.exceptions import DatasetGenerationError
 from datasets.table import CastError
 
+from egbert.config import DOC_BOUNDARIES
 from egbert.errors import ConfigError, DataError, EgbertError
 
-DOC_BOUNDARIES = ("blank", "wikitext", "line", "file")
 DECODE_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
 TEXT_FEATURES = Features({"text": Value("string")})
 # Streamed text files are cut into ranges of this many bytes: a 1 GB file gives 64 shards, enough
@@ -103,7 +103,7 @@ def read_documents(
             f"unknown doc_boundary {doc_boundary!r}; choose one of {', '.join(DOC_BOUNDARIES)}"
         )
     check_encoding(encoding, errors)
-    paths = _check_files(files)
+    paths = check_text_files(files)
     # (path, size, mtime, start, end): the mtime makes an edited file miss the Arrow cache.
     ranges = []
     for path in paths:
@@ -140,11 +140,14 @@ def cached_from_generator(
         raise
 
 
-def _check_files(files: Sequence[str | os.PathLike]) -> list[Path]:
+def check_text_files(
+    files: str | os.PathLike | Sequence[str | os.PathLike], option: str = "--train-files"
+) -> list[Path]:
+    """The corpus files as paths; DataError for none (naming `option`), a missing or empty one."""
     if isinstance(files, (str, os.PathLike)):
         files = [files]
     if not files:
-        raise DataError("no training text files given; pass at least one with --train-files")
+        raise DataError(f"no text files given; pass at least one with {option}")
     paths = [Path(file) for file in files]
     for path in paths:
         if not path.is_file():
@@ -238,15 +241,20 @@ def _decoded_lines(
             offset += len(raw)
 
 
-def _decoded(raw: bytes, path: str, offset: int, encoding: str, errors: str) -> str:
+def decode_line(raw: bytes, path: str | Path, offset: int, encoding: str, errors: str) -> str:
+    """A line of `path` starting at byte `offset`, decoded; a bad byte is named by its offset."""
     try:
-        line = raw.decode(encoding, errors)
+        return raw.decode(encoding, errors)
     except UnicodeDecodeError as error:
         raise DataError(
             f"{path}: byte 0x{raw[error.start]:02x} at offset {offset + error.start} is "
             f"not valid {encoding}; pass the file's encoding (e.g. encoding='latin-1', "
             "--encoding latin-1) or errors='replace'"
         ) from None
+
+
+def _decoded(raw: bytes, path: str, offset: int, encoding: str, errors: str) -> str:
+    line = decode_line(raw, path, offset, encoding, errors)
     if offset == 0:
         line = line.lstrip("\ufeff")  # a byte-order mark is not text
     return line.strip()

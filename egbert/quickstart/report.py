@@ -171,24 +171,9 @@ def write_report(
         row: {task: statistics.mean(by_seed.values()) for task, by_seed in runs.items()}
         for row, runs in finetune.items()
     }
-    per_seed = {
-        row.label: " / ".join(f"{100 * value:.1f}" for value in seed_averages(runs, tasks))
-        for row, runs in finetune.items()
-        if len(seed_averages(runs, tasks)) > 1
-    }
-    probed = {
-        row: {t: run.results["tasks"][t]["score"] for t in tasks} for row, run in probes.items()
-    }
-    # a regression task's constant prediction correlates with nothing: 0
-    first = next(iter(probes.values())).results["tasks"]
-    majority = {t: first[t]["majority_score"] or 0.0 for t in tasks}
-    prompted = {
-        replace(row, shots=k): {
-            t: run.results["tasks"][t]["shots"][str(k)]["score"] for t in prompt_tasks
-        }
-        for row, run in prompts.items()
-        for k in PROMPT_SHOTS
-    }
+    per_seed = seed_column(finetune, tasks)
+    probed, majority = probe_scores(probes, tasks)
+    prompted = prompt_scores(prompts, prompt_tasks)
     by_label = {row.label: scores for row, scores in finetuned.items()}
     tables = {
         "pretraining": pretraining_table(pretraining),
@@ -230,6 +215,43 @@ def write_report(
     gains = ", ".join(f"{name} {value:+.1f}" for name, value in margins.items())
     print(f"\npretrained against untrained twin (average points): {gains}", flush=True)
     return report
+
+
+def seed_column(
+    finetune: Mapping[Row, Mapping[str, Mapping[int, float]]], tasks: list[str]
+) -> dict[str, str]:
+    """The fine-tuning table's "seeds" column: each seed's average, for rows run with several."""
+    return {
+        row.label: " / ".join(f"{100 * value:.1f}" for value in seed_averages(runs, tasks))
+        for row, runs in finetune.items()
+        if len(seed_averages(runs, tasks)) > 1
+    }
+
+
+def probe_scores(
+    probes: Mapping[Row, Evaluation], tasks: list[str]
+) -> tuple[dict[Row, dict[str, float]], dict[str, float]]:
+    """Each probed model's score per task, and the majority class's (the probe's floor)."""
+    probed = {
+        row: {t: run.results["tasks"][t]["score"] for t in tasks} for row, run in probes.items()
+    }
+    # a regression task's constant prediction correlates with nothing: 0
+    first = next(iter(probes.values())).results["tasks"]
+    majority = {t: first[t]["majority_score"] or 0.0 for t in tasks}
+    return probed, majority
+
+
+def prompt_scores(
+    prompts: Mapping[Row, Evaluation], prompt_tasks: list[str]
+) -> dict[Row, dict[str, float]]:
+    """Each prompted model's score per task, one row per number of demonstrations."""
+    return {
+        replace(row, shots=k): {
+            t: run.results["tasks"][t]["shots"][str(k)]["score"] for t in prompt_tasks
+        }
+        for row, run in prompts.items()
+        for k in PROMPT_SHOTS
+    }
 
 
 def labelled(by_row: Mapping[Row, Any]) -> dict[str, Any]:

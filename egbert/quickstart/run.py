@@ -12,16 +12,16 @@ from typing import Any
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from egbert.config import MODEL_FAMILIES, arguments_from_options, load_recipe, parse_args
+from egbert.config import MODEL_FAMILIES, arguments_from_options, load_recipe
 from egbert.errors import ConfigError
 from egbert.evaluation import probe, prompting
 from egbert.finetune.tasks import get_task, split_file
+from egbert.hub import check_hub_reachable
 from egbert.pretrain import run as pretrain_run
 from egbert.quickstart import planner
 from egbert.quickstart.budget import Budget, EvaluationRun, Plan, load_plan, planned_size
 from egbert.quickstart.options import (
     CARD_DATASETS,
-    DESCRIPTION,
     EVALUATION_SHARE,
     FAMILY_SHARES,
     FIRST_OVERHEAD_SECONDS,
@@ -42,7 +42,6 @@ from egbert.quickstart.planner import FinetuneWork, Measurement, RunPlan
 from egbert.quickstart.report import Evaluation, Row, averaged_tasks, write_report
 from egbert.quickstart.steps import (
     RunStopped,
-    check_hub_reachable,
     corpus_files,
     corpus_tokens,
     export_hub_corpus,
@@ -65,11 +64,6 @@ from egbert.training.runtime import bf16_pays_off, training_device
 FINETUNED = (Row("bert"), Row("bert", pretrained=False), Row("gpt"), Row("elmo"))
 
 
-def main(argv: list[str] | None = None) -> None:
-    (args,) = parse_args((QuickstartArguments,), argv, "egbert quickstart", DESCRIPTION)
-    quickstart(args)
-
-
 def run_quickstart(**options: Any) -> dict[str, Any]:
     """`egbert quickstart` from Python: the keyword arguments are its options
     (QuickstartArguments fields); returns the report it writes to results.json ({} when a
@@ -83,7 +77,7 @@ def quickstart(args: QuickstartArguments) -> dict[str, Any]:
     output_dir = Path(args.output_dir)
     # Data: local files, or the hub's written out as local files
     if args.from_hub:
-        check_hub_reachable()
+        check_hub_reachable(instead="drop --from-hub and point --data at local WikiText-2 files")
         data, glue = export_hub_corpus(output_dir / "hub-data"), None
     else:
         data = find_data(args.data)

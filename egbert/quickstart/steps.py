@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,23 +81,6 @@ def corpus_tokens(
         tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         total += tokens / len(sample) * path.stat().st_size
     return round(total)
-
-
-def check_hub_reachable() -> None:
-    """Fail in seconds, not after minutes of retries, when the hub cannot be reached."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false"):
-        raise DataError(
-            "--from-hub: HF_HUB_OFFLINE is set, so the hub cannot be used; unset it, or drop "
-            "--from-hub and point --data at local files"
-        )
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    try:
-        urllib.request.urlopen(endpoint, timeout=5)  # noqa: S310 (the hub's own https URL)
-    except OSError as error:
-        raise DataError(
-            f"--from-hub: cannot reach {endpoint} ({error.__class__.__name__}: offline?); drop "
-            "--from-hub and point --data at local WikiText-2 and GLUE files"
-        ) from None
 
 
 def export_hub_corpus(target: Path, name: str = "wikitext", config: str = "wikitext-2-v1") -> Path:

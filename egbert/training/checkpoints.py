@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from egbert.errors import CheckpointError, ConfigError
-from egbert.model_files import SHARED_TENSORS_NOTE, first_line, quiet_warnings
+from egbert.errors import CheckpointError, ConfigError, first_line
+from egbert.model_files import SHARED_TENSORS_NOTE, quiet_warnings
 from egbert.training.batches import StreamPosition
 
 # ---------------------------------------------------------------- layout-independent weights

@@ -1,0 +1,37 @@
+"""`egbert generate`: continue a prompt with a gpt model (egbert.generate)."""
+
+from __future__ import annotations
+
+from egbert.arguments import ArgumentParser, BooleanFlag
+from egbert.generate import check_sampling_options, generate
+from egbert.model_files import ALLOW_PICKLE_HELP
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = ArgumentParser(
+        "egbert generate",
+        description="Continue a prompt with a gpt model, streaming the text to stdout.",
+    )
+    parser.add_argument("--model", required=True, help="gpt model directory (with its tokenizer)")
+    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--max-new-tokens", type=int, help="tokens to generate")
+    parser.add_argument(
+        "--temperature", type=float, help="sampling temperature; 0 or absent: greedy"
+    )
+    parser.add_argument("--top-k", type=int, help="sample from the k likeliest")
+    parser.add_argument("--top-p", type=float, help="sample from the smallest set with this mass")
+    parser.add_argument("--seed", type=int, help="random seed for sampling")
+    parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
+    parser.defaults_from(generate)
+    args = parser.parse_args(argv)
+    check_sampling_options(args)
+    generate(
+        args.model,
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        allow_pickle=args.allow_pickle,
+    )

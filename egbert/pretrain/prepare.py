@@ -1,0 +1,251 @@
+"""`egbert prepare`: a family's pretraining examples tokenized once into a prepared folder.
+
+    egbert prepare --model gpt --tokenizer tok/ --train-files wiki.train.tokens \\
+        --validation-files wiki.valid.tokens --doc-boundary wikitext --output-dir data/wiki-gpt
+    egbert pretrain --model gpt --data data/wiki-gpt --output-dir runs/gpt --max-steps 1000
+
+or `egbert.prepare_corpus(model="gpt", tokenizer="tok/", ...)`. `prepare` takes pretrain's
+options (sources, tokenizer, family, sequence length, NSP and --dupe-factor) and builds the
+examples exactly as `egbert pretrain` builds them in memory, then stores them (`shard_writer`);
+every later run, on any machine, reads them from the folder (`prepared_folder`, whose doc says
+what a folder holds) and masks bert's examples per step as before.
+
+The tokenization runs in a `datasets` cache inside the folder being written, removed when the
+shards are done: nothing of the corpus stays in ~/.cache. The folder appears whole or not at all
+(written under a temporary name, then renamed). `egbert prepare --verify` hashes every file of
+a folder instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow.compute as pc
+
+from egbert import __version__
+from egbert.arguments import arguments_from_options, parse_args
+from egbert.config import (
+    MODEL_FAMILIES,
+    PrepareArguments,
+    PretrainArguments,
+    pretraining_recipe,
+)
+from egbert.errors import ConfigError
+from egbert.pretrain.corpus import (
+    examples_from_tokens,
+    file_identities,
+    load_corpus,
+    tokenize_for_family,
+)
+from egbert.pretrain.prepared_folder import (
+    EXAMPLE_OPTIONS,
+    FORMAT,
+    MANIFEST,
+    PreparedFolder,
+    example_options,
+    tokenizer_hash,
+)
+from egbert.pretrain.shard_writer import token_dtype, write_examples, write_manifest
+from egbert.tokenizer import load_tokenizer
+
+# PretrainArguments fields that shape only the model or the run: prepare accepts them, so that
+# one --config file serves both commands, and ignores them (its --help says so).
+IGNORED_OPTIONS = frozenset(
+    {"preset", "init_from", "config_overrides", "allow_pickle", "max_eval_samples", "objective"}
+    | {"max_train_samples", "card_datasets", "license"}
+)
+# PretrainArguments fields that change neither the examples nor where they come from.
+NOT_DATA_OPTIONS = IGNORED_OPTIONS | {"num_proc", "data", "tokenizer"}
+
+DESCRIPTION = (
+    "Tokenize a corpus once into a folder of memory-mapped shards of a family's examples, for "
+    "`egbert pretrain --data DIR`. Takes pretrain's data, tokenizer, family and sequence options "
+    "(with the same family defaults); the options that shape only the model or the run are "
+    "accepted, so that one --config file serves both commands, and ignored (their help says so). "
+    "With --verify, checks the folder in --output-dir instead: every file against its manifest."
+)
+
+
+def prepare_corpus(**options: Any) -> dict[str, Any]:
+    """`egbert prepare` from Python: the keyword arguments are the command's options
+    (PretrainArguments fields such as model, tokenizer, train_files, seq_len, and output_dir,
+    seed); returns the folder's manifest (with "folder": its path)."""
+    return prepare(*prepare_arguments(**options))
+
+
+def prepare_arguments(**options: Any) -> tuple[PretrainArguments, PrepareArguments]:
+    """The options of `prepare_corpus` as its dataclasses, the family's recipe under them."""
+    types = (PretrainArguments, PrepareArguments)
+    return arguments_from_options(types, options, examples_recipe(options))
+
+
+def parse_prepare_args(argv: list[str] | None) -> tuple[PretrainArguments, PrepareArguments]:
+    """`egbert prepare`'s options: the command line over the --config file over the family's
+    pretraining recipe, parsed once."""
+    types = (PretrainArguments, PrepareArguments)
+    return parse_args(
+        types,
+        argv,
+        "egbert prepare",
+        DESCRIPTION,
+        recipe=examples_recipe,
+        recipe_keys=("model", "init_from", "output_dir"),
+        recipe_choices={"model": MODEL_FAMILIES},
+        notes=dict.fromkeys(IGNORED_OPTIONS, "prepare ignores it: it shapes the model or the run"),
+    )
+
+
+def examples_recipe(options: dict[str, Any]) -> dict[str, Any]:
+    """The family's pretraining recipe, less the trainer's options (prepare builds examples);
+    without --model, the family in --output-dir's manifest (so --verify needs no more)."""
+    family = options.get("model") or _manifest_family(options.get("output_dir"))
+    known = {
+        name for cls in (PretrainArguments, PrepareArguments) for name in cls.__dataclass_fields__
+    }
+    recipe = pretraining_recipe({**options, "model": family})
+    return {k: v for k, v in recipe.items() if k in known} | ({"model": family} if family else {})
+
+
+def _manifest_family(folder: str | None) -> str | None:
+    """The family a prepared folder's manifest names (None where it names none: opening the
+    folder says what is wrong)."""
+    try:
+        family = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))["family"]
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
+    return family if family in MODEL_FAMILIES else None
+
+
+def prepare(args: PretrainArguments, prepare_args: PrepareArguments) -> dict[str, Any]:
+    """Build the examples as `egbert pretrain` would and write them to `output_dir` (nothing
+    to do if it already holds them; an error naming what differs if it holds other ones).
+    With `verify`: check every file of the folder in `output_dir` instead (`prepared_folder`)."""
+    target = Path(prepare_args.output_dir)
+    if prepare_args.verify:
+        return verify_folder(target)
+    _check_prepare_options(args)
+    tokenizer = load_tokenizer(args.tokenizer)
+    recipe = _recipe(args, prepare_args.seed, tokenizer)
+    if target.exists():
+        return _existing(target, recipe)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(temporary, ignore_errors=True)  # left by a killed run of this process id
+    temporary.mkdir()
+    try:
+        dtype = token_dtype(len(tokenizer))
+        splits = {}
+        with _datasets_cache_in(temporary / "cache"):
+            train, validation = load_corpus(args, prepare_args.seed)
+            for split, documents in (("train", train), ("validation", validation)):
+                if documents is None:
+                    continue
+                tokenized = tokenize_for_family(args, tokenizer, documents)
+                examples = examples_from_tokens(args, tokenizer, tokenized, prepare_args.seed)
+                splits[split] = {
+                    **_corpus_counts(tokenized),
+                    **write_examples(examples, temporary / split, dtype),
+                }
+                del tokenized, examples, documents  # their cache files go with the cache folder
+            del train, validation
+        shutil.rmtree(temporary / "cache")
+        tokenizer.save_pretrained(temporary / "tokenizer")
+        manifest = {**recipe, "dtype": dtype.__name__, "splits": splits}
+        write_manifest(temporary, manifest)
+        temporary.rename(target)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return {**manifest, "folder": str(target)}
+
+
+def _check_prepare_options(args: PretrainArguments) -> None:
+    if args.data:
+        raise ConfigError("egbert prepare writes a folder: give --output-dir, not --data")
+    if args.streaming:
+        raise ConfigError(
+            "egbert prepare reads the corpus once through the `datasets` cache; leave out "
+            "--streaming (it is for `egbert pretrain` on corpora it reads as it trains)"
+        )
+    if args.tokenizer is None:
+        raise ConfigError("egbert prepare needs --tokenizer DIR (egbert tokenizer train)")
+
+
+def _recipe(args: PretrainArguments, seed: int, tokenizer) -> dict[str, Any]:
+    """The manifest's part that decides the examples: a second prepare compares it."""
+    sources = {
+        name: file_identities(value) if name.endswith("_files") else value
+        for name, value in asdict(args).items()
+        if name not in NOT_DATA_OPTIONS | EXAMPLE_OPTIONS | {"model", "seq_len"}
+    }
+    return {
+        "format": FORMAT,
+        "egbert_version": __version__,
+        "family": args.model,
+        "seq_len": args.seq_len,
+        "tokenizer": {"sha256": tokenizer_hash(tokenizer), "size": len(tokenizer)},
+        "options": example_options(args, seed),
+        "sources": sources,
+    }
+
+
+def verify_folder(target: Path) -> dict[str, Any]:
+    """`egbert prepare --verify`: the folder's checks, and every shard file's sha256."""
+    folder = PreparedFolder(target)
+    checked = folder.verify_checksums()
+    print(f"egbert: {target} is intact ({checked} files checked against their sha256)", flush=True)
+    return {**folder.manifest, "folder": str(target)}
+
+
+def _existing(target: Path, recipe: dict[str, Any]) -> dict[str, Any]:
+    manifest_path = target / MANIFEST
+    if not manifest_path.is_file():
+        raise ConfigError(
+            f"--output-dir {target} exists and is not a prepared folder (no {MANIFEST}); "
+            "choose a new folder"
+        )
+    manifest = PreparedFolder(target).manifest  # refuses a damaged folder
+    differences = _differences({k: manifest.get(k) for k in recipe}, recipe)
+    if differences:
+        raise ConfigError(
+            f"--output-dir {target} was prepared with other options ({'; '.join(differences)}); "
+            "choose a new folder or delete it"
+        )
+    print(f"egbert: {target} already holds these examples; nothing to do", flush=True)
+    return {**manifest, "folder": str(target)}
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """`key: old -> new` for each (nested) key whose value differs."""
+    found = []
+    for key in sorted(old.keys() | new.keys()):
+        before, after = old.get(key, "(unset)"), new.get(key, "(unset)")
+        if isinstance(before, dict) and isinstance(after, dict):
+            found += _differences(before, after, f"{prefix}{key}.")
+        elif before != after:
+            found.append(f"{prefix}{key}: {before} -> {after}")
+    return found
+
+
+@contextlib.contextmanager
+def _datasets_cache_in(folder: Path):
+    """Point `datasets`' cache (read when each data set is built) at `folder` for a while."""
+    saved = datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_DATASETS_CACHE = folder
+    try:
+        yield
+    finally:
+        datasets.config.HF_DATASETS_CACHE = saved
+
+
+def _corpus_counts(tokenized: datasets.Dataset) -> dict[str, int]:
+    segments = pc.list_flatten(tokenized.data.column("input_ids"))
+    tokens = pc.sum(pc.list_value_length(segments)).as_py() or 0
+    return {"documents": len(tokenized), "corpus_tokens": tokens}
