@@ -12,9 +12,8 @@ import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto clas
 from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.checkpoints import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
 from egbert.errors import CheckpointError, ConfigError
+from egbert.models.families import CAUSAL_MODEL_TYPES
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
-
-CAUSAL_MODEL_TYPES = ("egbert-gpt", "gpt2")
 
 
 def check_generative_model(model_dir: Path) -> None:

@@ -21,7 +21,7 @@ from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.checkpoints import ALLOW_PICKLE_HELP
 from egbert.errors import ConfigError, DataError
 from egbert.finetune.metrics import compute_task_metrics, task_score
-from egbert.finetune.tasks import Task, split_file
+from egbert.finetune.tasks import Task
 from egbert.runtime import bf16_pays_off
 
 
@@ -30,19 +30,6 @@ def check_data_dir(data_dir: str | os.PathLike) -> Path:
     if not path.is_dir():
         raise DataError(f"--data-dir {path}: no such folder; pass the GLUE folder")
     return path
-
-
-def check_split_present(task: Task, split: str, data_dir: Path) -> None:
-    """DataError naming the file expected, before any model is loaded."""
-    if split_file(task, split, data_dir) is None:
-        names = " or ".join(str(data_dir / task.dir_name / name) for name in task.files[split])
-        raise DataError(f"{task.name} {split} file not found: {names}; check --data-dir")
-
-
-def present_eval_splits(task: Task, data_dir: Path) -> list[str]:
-    """The task's dev splits found under data_dir (MNLI: matched and, if there, mismatched)."""
-    check_split_present(task, task.eval_splits[0], data_dir)
-    return [split for split in task.eval_splits if split_file(task, split, data_dir)]
 
 
 def check_positive(name: str, value: int | None) -> None:
