@@ -63,12 +63,12 @@ from egbert.evaluation.results import (
     check_positive,
     evaluate_tasks,
     majority_score,
+    print_results,
     sample_indices,
     scored,
     write_results,
 )
 from egbert.finetune.metrics import (
-    GlueAverage,
     column,
     format_metrics,
     glue_average,
@@ -377,9 +377,7 @@ def probe_table(results: dict[str, Any]) -> str:
         )
         for name, r in results["tasks"].items()
     ]
-    average = results["glue_average"]
-    if average is not None:
-        average = GlueAverage(average["score"], tuple(average["tasks"]))
+    average = glue_average({row.task: row.score for row in rows})
     return results_table(ProbeRow, rows, average, "average")
 
 
@@ -422,15 +420,11 @@ def build_parser() -> ArgumentParser:
         type=int,
         help="fit on a seeded random draw of this many training examples",
     )
-    parser.add_argument("--batch-size", type=int, help="examples per forward")
-    add_run_arguments(parser, RESULTS_FILE)
-    parser.defaults_from(run_probe)
+    add_run_arguments(parser, RESULTS_FILE, "examples per forward", run_probe)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     results = run_probe(**vars(args))
-    print(probe_table(results))
-    if args.output_dir is not None:
-        print(f"egbert probe: wrote {args.output_dir / RESULTS_FILE}")
+    print_results("probe", probe_table(results), args.output_dir, RESULTS_FILE)

@@ -57,6 +57,7 @@ from egbert.evaluation.results import (
     check_positive,
     evaluate_tasks,
     majority_score,
+    print_results,
     sample_indices,
     scored,
     write_results,
@@ -544,9 +545,7 @@ def build_parser() -> ArgumentParser:
         type=int,
         help="score a seeded random sample of this many dev examples (default: all)",
     )
-    parser.add_argument("--batch-size", type=int, help="sequences per forward")
-    add_run_arguments(parser, RESULTS_FILE)
-    parser.defaults_from(run_prompt_eval)
+    add_run_arguments(parser, RESULTS_FILE, "sequences per forward", run_prompt_eval)
     return parser
 
 
@@ -556,6 +555,4 @@ def main(argv: list[str] | None = None) -> None:
     for name, task in results["tasks"].items():
         if "note" in task:
             print(f"egbert prompt-eval: {name}: {task['note']}")
-    print(prompt_table(results))
-    if args.output_dir is not None:
-        print(f"egbert prompt-eval: wrote {args.output_dir / RESULTS_FILE}")
+    print_results("prompt-eval", prompt_table(results), args.output_dir, RESULTS_FILE)

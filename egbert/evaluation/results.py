@@ -76,9 +76,12 @@ def add_model_and_task_arguments(parser: ArgumentParser, task_help: str) -> None
     )  # fmt: skip
 
 
-def add_run_arguments(parser: ArgumentParser, results_file: str) -> None:
-    """--seed, --output-dir, --device, --bf16 and --allow-pickle (their defaults: the run
-    function's, `parser.defaults_from`)."""
+def add_run_arguments(
+    parser: ArgumentParser, results_file: str, batch_help: str, run: Callable[..., Any]
+) -> None:
+    """--batch-size, --seed, --output-dir, --device, --bf16 and --allow-pickle, and every
+    option's default from the run function's signature (`parser.defaults_from(run)`)."""
+    parser.add_argument("--batch-size", type=int, help=batch_help)
     parser.add_argument("--seed", type=int, help="random seed")
     parser.add_argument(
         "--output-dir", type=Path, help=f"write {results_file} here (default: print only)"
@@ -90,6 +93,14 @@ def add_run_arguments(parser: ArgumentParser, results_file: str) -> None:
         help="bf16 autocast (default: where the device runs it faster than fp32)",
     )
     parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
+    parser.defaults_from(run)
+
+
+def print_results(command: str, table: str, output_dir: Path | None, results_file: str) -> None:
+    """A command's table, and where its results file went."""
+    print(table)
+    if output_dir is not None:
+        print(f"egbert {command}: wrote {output_dir / results_file}")
 
 
 @contextmanager

@@ -326,26 +326,8 @@ def load_classifier(
         with tempfile.TemporaryDirectory(prefix="egbert-convert-") as converted:
             convert_checkpoint(model_dir, converted, allow_pickle=args.allow_pickle)
             egbert_backbone = read_backbone_config(Path(converted))
-            return _classifier_from(Path(converted), egbert_backbone, task, args, config_fields)
-    return _classifier_from(model_dir, backbone, task, args, config_fields)
-
-
-def _classifier_from(
-    model_dir: Path,
-    backbone: PretrainedConfig,
-    task: Task,
-    args: FinetuneArguments,
-    config_fields: dict[str, Any],
-) -> PreTrainedModel:
-    config = copy.deepcopy(backbone)
-    config.id2label = task.id2label  # num_labels follows
-    config.label2id = {label: i for i, label in task.id2label.items()}
-    config.problem_type = "regression" if task.is_regression else "single_label_classification"
-    apply_config_overrides(config, args.config_overrides)
-    config.classifier_features = args.features
-    config.classifier_pool = args.pool
-    config.classifier_layer_norm = args.layer_norm
-    config.freeze_backbone = args.freeze
+            return load_classifier(Path(converted), egbert_backbone, task, args, config_fields)
+    config = classifier_config(backbone, task, args)
     for name, value in config_fields.items():
         # a regression model fine-tuned further keeps the label statistics its head learned in
         if getattr(config, name, None) is None:
@@ -358,6 +340,22 @@ def _classifier_from(
         config=config,
         ignore_mismatched_sizes=True,
     )
+
+
+def classifier_config(
+    backbone: PretrainedConfig, task: Task, args: FinetuneArguments
+) -> PretrainedConfig:
+    """The backbone's config with the task's labels, --config-override and the head options."""
+    config = copy.deepcopy(backbone)
+    config.id2label = task.id2label  # num_labels follows
+    config.label2id = {label: i for i, label in task.id2label.items()}
+    config.problem_type = "regression" if task.is_regression else "single_label_classification"
+    apply_config_overrides(config, args.config_overrides)
+    config.classifier_features = args.features
+    config.classifier_pool = args.pool
+    config.classifier_layer_norm = args.layer_norm
+    config.freeze_backbone = args.freeze
+    return config
 
 
 # ---------------------------------------------------------------- metrics and predictions
