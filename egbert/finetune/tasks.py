@@ -76,35 +76,34 @@ class Task:
         return tuple(split for split in self.files if split.startswith("test"))
 
 
-def _pair_task(name: str, dir_name: str, columns: tuple[str, str], **kwargs) -> Task:
+def _glue_task(name: str, dir_name: str, columns: tuple[str, ...], **kwargs) -> Task:
+    """A GLUE task under its hub config's name; its test predictions go to GLUE's file named
+    after its folder unless `submission` says otherwise."""
+    kwargs.setdefault("submission", {"test": dir_name})
     return Task(name=name, text_columns=columns, dir_name=dir_name, hub_config=name, **kwargs)
 
 
 GLUE_TASKS: dict[str, Task] = {
     task.name: task
     for task in (
-        Task(
-            name="cola",
-            text_columns=("sentence",),
+        _glue_task(
+            "cola",
+            "CoLA",
+            ("sentence",),
             labels=("0", "1"),
             label_names=("unacceptable", "acceptable"),
             metric="matthews_correlation",
-            dir_name="CoLA",
             headerless={"train": COLA_COLUMNS, "validation": COLA_COLUMNS},
-            hub_config="cola",
-            submission={"test": "CoLA"},
         ),
-        Task(
-            name="sst2",
-            text_columns=("sentence",),
+        _glue_task(
+            "sst2",
+            "SST-2",
+            ("sentence",),
             labels=("0", "1"),
             label_names=("negative", "positive"),
             metric="accuracy",
-            dir_name="SST-2",
-            hub_config="sst2",
-            submission={"test": "SST-2"},
         ),
-        _pair_task(
+        _glue_task(
             "mrpc",
             "MRPC",
             ("sentence1", "sentence2"),
@@ -112,18 +111,16 @@ GLUE_TASKS: dict[str, Task] = {
             label_names=("not_equivalent", "equivalent"),
             metric="accuracy_f1",
             source_columns={"sentence1": "#1 String", "sentence2": "#2 String", "label": "Quality"},
-            submission={"test": "MRPC"},
         ),
-        _pair_task(
+        _glue_task(
             "stsb",
             "STS-B",
             ("sentence1", "sentence2"),
             labels=None,
             metric="pearson_spearman",
             source_columns={"label": "score"},
-            submission={"test": "STS-B"},
         ),
-        _pair_task(
+        _glue_task(
             "qqp",
             "QQP",
             ("question1", "question2"),
@@ -131,9 +128,8 @@ GLUE_TASKS: dict[str, Task] = {
             label_names=("not_duplicate", "duplicate"),
             metric="accuracy_f1",
             source_columns={"label": "is_duplicate", "idx": "id"},
-            submission={"test": "QQP"},
         ),
-        _pair_task(
+        _glue_task(
             "mnli",
             "MNLI",
             ("premise", "hypothesis"),
@@ -153,33 +149,30 @@ GLUE_TASKS: dict[str, Task] = {
             },
             submission={"test_matched": "MNLI-m", "test_mismatched": "MNLI-mm"},
         ),
-        _pair_task(
+        _glue_task(
             "qnli",
             "QNLI",
             ("question", "sentence"),
             labels=("entailment", "not_entailment"),
             metric="accuracy",
-            submission={"test": "QNLI"},
         ),
-        _pair_task(
+        _glue_task(
             "rte",
             "RTE",
             ("sentence1", "sentence2"),
             labels=("entailment", "not_entailment"),
             metric="accuracy",
-            submission={"test": "RTE"},
         ),
-        _pair_task(
+        _glue_task(
             "wnli",
             "WNLI",
             ("sentence1", "sentence2"),
             labels=("0", "1"),
             label_names=("not_entailment", "entailment"),
             metric="accuracy",
-            submission={"test": "WNLI"},
         ),
         # The diagnostic set: MNLI-style pairs, test only, predicted with the model trained on mnli.
-        _pair_task(
+        _glue_task(
             "ax",
             "diagnostic",
             ("premise", "hypothesis"),
