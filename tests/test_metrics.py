@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 from scipy.stats import pearsonr, spearmanr
@@ -12,16 +10,12 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from egbert.errors import ConfigError
 from egbert.finetune.metrics import (
     GlueAverage,
-    column,
     compute_task_metrics,
     format_metrics,
     glue_average,
     glue_score,
-    percent,
-    results_table,
     task_score,
 )
-from egbert.finetune.tasks import SCORED_TASKS
 
 RNG = np.random.default_rng(0)
 GOLD = RNG.integers(0, 2, size=200)
@@ -108,31 +102,3 @@ def test_format_metrics_shortens_names_and_tags_other_dev_sets() -> None:
     assert format_metrics({"validation": {"accuracy": 0.8, "f1": 0.85}}) == "acc 80.00 / f1 85.00"
     mnli = {"validation_matched": {"accuracy": 0.841}, "validation_mismatched": {"accuracy": 0.834}}
     assert format_metrics(mnli) == "matched acc 84.10; mismatched acc 83.40"
-
-
-@dataclass(frozen=True)
-class ScoreRow:
-    task: str = column("task")
-    metrics: dict = column("dev metrics", format_metrics)
-    score: float | None = column("score", percent, numeric=True)
-    note: str = column("note")
-
-
-def test_results_table_writes_each_field_as_a_column_and_the_glue_average_last() -> None:
-    rows = [
-        ScoreRow("rte", {"validation": {"accuracy": 0.5}}, 0.5, "x"),
-        ScoreRow("stsb", {"validation": {"pearson": 0.2}}, None, ""),
-    ]
-    table = results_table(ScoreRow, rows, GlueAverage(0.375, ("rte", "stsb")), "GLUE average")
-    assert table.splitlines() == [
-        "| task | dev metrics | score | note |",
-        "|---|---|---:|---|",
-        "| rte | acc 50.00 | 50.00 | x |",
-        "| stsb | pearson 20.00 |  |  |",
-        "| GLUE average (rte, stsb) | | 37.50 | |",
-    ]
-    every = GlueAverage(0.5, tuple(SCORED_TASKS))
-    last_line = results_table(ScoreRow, [], every, "average").splitlines()[-1]
-    assert last_line == "| average (all nine tasks) | | 50.00 | |"
-    one_task = results_table(ScoreRow, rows[:1], GlueAverage(0.5, ("rte",)), "average")
-    assert len(one_task.splitlines()) == 3  # an average of one task is that task's row

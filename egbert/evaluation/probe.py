@@ -68,15 +68,8 @@ from egbert.evaluation.results import (
     scored,
     write_results,
 )
-from egbert.finetune.metrics import (
-    column,
-    format_metrics,
-    glue_average,
-    one_decimal,
-    percent,
-    results_table,
-    task_score,
-)
+from egbert.finetune.metrics import format_metrics, glue_average, task_score
+from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import (
     GLUE_TASKS,
     Task,

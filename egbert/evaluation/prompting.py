@@ -62,14 +62,8 @@ from egbert.evaluation.results import (
     scored,
     write_results,
 )
-from egbert.finetune.metrics import (
-    column,
-    format_metrics,
-    one_decimal,
-    percent,
-    results_table,
-    task_score,
-)
+from egbert.finetune.metrics import format_metrics, task_score
+from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import Task, read_glue_split, resolve_tasks, split_file
 from egbert.models.families import CAUSAL_MODEL_TYPES
 from egbert.tokenizer import check_vocab_matches, load_tokenizer

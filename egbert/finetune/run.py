@@ -54,16 +54,8 @@ from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
 from egbert.checkpoints import first_line, load_pretrained, read_model_config, resolve_model_dir
 from egbert.config import FinetuneArguments, TrainingArguments, apply_config_overrides, load_recipe
 from egbert.errors import CheckpointError, ConfigError, DataError
-from egbert.finetune.metrics import (
-    column,
-    compute_task_metrics,
-    format_metrics,
-    glue_average,
-    one_decimal,
-    percent,
-    results_table,
-    task_score,
-)
+from egbert.finetune.metrics import compute_task_metrics, format_metrics, glue_average, task_score
+from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import (
     GLUE_TASKS,
     HUB_DATASET,
