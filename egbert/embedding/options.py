@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from egbert.errors import ConfigError
 from egbert.models.heads import LAST_LAYERS
 
+# How layers join (egbert.models.heads.LAST4_FEATURES and the probe's --features name theirs by
+# these) and how a layer's tokens become one vector. These pools are positions: "cls" is the
+# first token, "last" the last real one; the heads' and the probe's "cls", a family's summary
+# position, is built from them (egbert.evaluation.probe.SUMMARY_POOLS).
 COMBINES = ("concat", "sum", "mean", "scalar-mix", "none")
 POOLS = ("none", "cls", "mean", "last")
 

@@ -77,6 +77,7 @@ from egbert.finetune.tasks import (
     read_glue_split,
     resolve_tasks,
 )
+from egbert.models.families import FAMILY_OF_MODEL_TYPE
 from egbert.models.heads import CLASSIFIER_POOLS, LAST4_FEATURES, LAST_LAYERS
 
 # --features, each with how `embed` combines its layers; the last4 ones as the heads take them
@@ -90,12 +91,11 @@ HOLDOUT_FRACTION = 0.2
 # Where each family sums a sentence up, as its fine-tuning head does (egbert.models.heads), in
 # terms of `embed`'s pools: BERT's first token, GPT's last real token, and for ELMo the forward
 # half of each layer at the last token next to the backward half at the first token.
+# Stock BERT / GPT-2 checkpoints, which `load_model` reads as they are, count as their family.
 SUMMARY_POOLS: dict[str, tuple[str, ...]] = {
-    "egbert-bert": ("cls",),
-    "egbert-gpt": ("last",),
-    "egbert-elmo": ("last", "cls"),
-    "bert": ("cls",),  # stock transformers checkpoints, which `load_model` reads as they are
-    "gpt2": ("last",),
+    "bert": ("cls",),
+    "gpt": ("last",),
+    "elmo": ("last", "cls"),
 }
 
 
@@ -115,13 +115,13 @@ def feature_layers(features: str, num_layers: int) -> tuple[list[int], str]:
 
 
 def summary_pools(config: PretrainedConfig) -> tuple[str, ...]:
-    pools = SUMMARY_POOLS.get(config.model_type)
-    if pools is None:
+    family = FAMILY_OF_MODEL_TYPE.get(config.model_type)
+    if family is None:
         raise ConfigError(
             f"--pool cls: egbert knows no summary position for model_type "
-            f"{config.model_type!r} (it knows {', '.join(SUMMARY_POOLS)}); use --pool mean"
+            f"{config.model_type!r} (it knows {', '.join(FAMILY_OF_MODEL_TYPE)}); use --pool mean"
         )
-    return pools
+    return SUMMARY_POOLS[family]
 
 
 def sentence_vectors(
