@@ -187,7 +187,8 @@ def read_backbone_config(model_dir: Path) -> PretrainedConfig:
     or egbert knows."""
     try:
         return AutoConfig.from_pretrained(model_dir)
-    except (OSError, ValueError, KeyError) as error:
+    # AttributeError, TypeError: a config.json that is JSON but not an object of fields
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as error:
         read_model_config(model_dir)  # a missing or broken config.json, said plainly
         raise CheckpointError(
             f"cannot load a model config from {model_dir}: {first_line(error)}"

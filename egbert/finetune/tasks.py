@@ -243,7 +243,8 @@ def available_tasks(
     return [
         task.name
         for task in tasks
-        if (not needs_train or "train" in task.files)
+        if task.eval_splits
+        and (not needs_train or "train" in task.files)
         and all(split_file(task, split, data_dir) for split in _splits_needed(task, needs_train))
     ]
 
@@ -275,7 +276,7 @@ def resolve_tasks(
     data_dir: str | Path | None,
     *,
     offered: Sequence[str] | None = None,
-    not_offered: str = "",
+    not_offered: str = "{task} is not a task this command runs",
     needs_train: bool = True,
 ) -> list[Task]:
     """The GLUE tasks a command was asked for, each once, its files checked when `data_dir`
