@@ -21,9 +21,9 @@ import yaml
 # parse_args and arguments_from_options are importable from here too (where they were defined).
 from egbert.arguments import arguments_from_options, parse_args, read_config_file  # noqa: F401
 from egbert.errors import ConfigError
+from egbert.models.families import MODEL_FAMILIES
 from egbert.models.heads import CLASSIFIER_FEATURES, CLASSIFIER_POOLS
 
-MODEL_FAMILIES = ("bert", "gpt", "elmo")
 SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
 # torch.compile's modes (torch.compile's docs); "default" is what --compile uses unless told
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

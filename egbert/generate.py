@@ -11,9 +11,8 @@ from transformers import AutoModelForCausalLM, TextStreamer
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
 from egbert.errors import CheckpointError, ConfigError
 from egbert.model_files import load_pretrained, read_model_config
+from egbert.models.families import CAUSAL_MODEL_TYPES
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
-
-CAUSAL_MODEL_TYPES = ("egbert-gpt", "gpt2")
 
 
 def check_generative_model(model_dir: Path) -> None:

@@ -34,6 +34,7 @@ from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFas
 from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.model_files import resolve_model_dir
+from egbert.models.families import FAMILY_OF_MODEL_TYPE, MODEL_FAMILIES
 from egbert.pretrain.sources import (
     check_encoding,
     check_text_files,
@@ -57,14 +58,6 @@ SPECIAL_ROLES = (
     "bos_token",
     "eos_token",
 )
-FAMILY_OF_MODEL_TYPE = {
-    "egbert-bert": "bert",
-    "bert": "bert",
-    "egbert-gpt": "gpt",
-    "gpt2": "gpt",
-    "egbert-elmo": "elmo",
-}
-FAMILIES = ("bert", "gpt", "elmo")
 # elmo's LSTMs have no position table, so no hard limit: this one bounds what `truncation=True`
 # lets through to them. BERT's length: 8x elmo's 64-token pretraining blocks, 4x fine-tuning's
 # default 128; `egbert embed`, which holds inputs to the tokenizer's limit, rarely meets it.
@@ -269,8 +262,10 @@ def tokenizer_for_family(
     no token_type_ids (they have no segments, and stock GPT-2 would add them as word embeddings).
     So `pipeline("text-generation")` prompts a gpt model with exactly the prompt's tokens.
     """
-    if family not in FAMILIES:
-        raise ConfigError(f"unknown model family {family!r}; choose one of {', '.join(FAMILIES)}")
+    if family not in MODEL_FAMILIES:
+        raise ConfigError(
+            f"unknown model family {family!r}; choose one of {', '.join(MODEL_FAMILIES)}"
+        )
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.no_truncation()
     backend.no_padding()

@@ -43,7 +43,7 @@ from egbert.finetune.run import (
     finetuning_recipe,
     finetuning_trainer,
     parse_finetune_args,
-    resolve_tasks,
+    tasks_to_run,
 )
 from egbert.models.bert import EgbertBertModel
 from egbert.training.optimization import batches_per_step
@@ -58,7 +58,7 @@ CUSTOM_TEXT = "the river ran past the old castle where the king kept his horses 
 def build(*argv: str) -> TaskTrainer:
     """What `egbert finetune ARGV` trains: its (one) task's trainer, built, not run."""
     args, training = parse_finetune_args(list(argv))
-    (task,) = resolve_tasks(args)
+    (task,) = tasks_to_run(args)
     return finetuning_trainer(task, args, training, Path(training.output_dir))
 
 

@@ -16,6 +16,7 @@ from egbert.finetune.tasks import (
     labels_in_file,
     read_glue_split,
     read_task_file,
+    resolve_tasks,
 )
 
 OFFICIAL_ROWS = {
@@ -82,6 +83,30 @@ def test_mrpc_header_with_byte_order_mark_and_raw_quotes(glue_dir: Path) -> None
 
 def test_available_tasks_needs_train_and_dev(glue_dir: Path) -> None:
     assert available_tasks(glue_dir) == ["cola", "sst2", "mrpc", "stsb", "rte", "wnli"]
+
+
+def test_resolve_tasks_names_each_task_once_and_all_means_those_with_their_files(
+    glue_dir: Path,
+) -> None:
+    def names(*args, **kwargs) -> list[str]:
+        return [task.name for task in resolve_tasks(*args, **kwargs)]
+
+    assert names(["rte", "RTE", "sst2"], glue_dir) == ["rte", "sst2"]
+    assert names("all", glue_dir) == available_tasks(glue_dir)
+    offered = ("sst2", "qnli", "rte")  # qnli has a dev file and no train file here
+    assert names("all", glue_dir, offered=offered) == ["sst2", "rte"]
+    assert names("all", glue_dir, offered=offered, needs_train=False) == list(offered)
+    assert names("qnli", None) == ["qnli"]  # no folder: the hub's copy, read later
+    with pytest.raises(DataError, match="qnli train file not found"):
+        resolve_tasks("qnli", glue_dir)
+    with pytest.raises(ConfigError, match="ax has no training data.*pass --task mnli"):
+        resolve_tasks("ax", None)
+    with pytest.raises(ConfigError, match="no format for cola; choose from sst2, qnli, rte or all"):
+        resolve_tasks("cola", glue_dir, offered=offered, not_offered="no format for {task}")
+    with pytest.raises(ConfigError, match="--task all .* --data-dir"):
+        resolve_tasks("all", None)
+    with pytest.raises(ConfigError, match="no task given"):
+        resolve_tasks([], glue_dir)
 
 
 def test_unknown_task_lists_the_valid_ones() -> None:

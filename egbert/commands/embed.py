@@ -52,7 +52,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def build_parser() -> ArgumentParser:
-    defaults = EmbedOptions()
     parser = ArgumentParser(
         "egbert embed",
         description=(
@@ -62,6 +61,14 @@ def build_parser() -> ArgumentParser:
             "chunks to a temp file renamed at the end; - reads stdin or writes JSONL to stdout."
         ),
     )
+    add_file_arguments(parser)
+    add_vector_arguments(parser, EmbedOptions())
+    add_reading_arguments(parser)
+    return parser
+
+
+def add_file_arguments(parser: ArgumentParser) -> None:
+    """--model, --input and --output."""
     parser.add_argument("--model", required=True, help="model directory (with its tokenizer)")
     parser.add_argument(
         "--input",
@@ -76,6 +83,10 @@ def build_parser() -> ArgumentParser:
         "per input: a pooled vector, or tokens, offsets and vectors with --pool none); - writes "
         "JSONL to stdout (progress and messages go to stderr)",
     )
+
+
+def add_vector_arguments(parser: ArgumentParser, defaults: EmbedOptions) -> None:
+    """How texts become vectors: the options of EmbedOptions, with its defaults."""
     parser.add_argument(
         "--layers",
         help="comma-separated layer indices: -1 last layer, 0 embeddings (default: the last 4, "
@@ -110,12 +121,15 @@ def build_parser() -> ArgumentParser:
         type=int,
         help="embed long texts in windows overlapping by N tokens instead of truncating them",
     )
+
+
+def add_reading_arguments(parser: ArgumentParser) -> None:
+    """How the input file and the model are read."""
     parser.add_argument("--text-field", default="text", help="text field of .jsonl input")
     parser.add_argument("--pair-field", help="second text field of .jsonl input, for pairs")
     parser.add_argument("--encoding", default="utf-8", help="input file encoding")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
     parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
-    return parser
 
 
 @dataclass

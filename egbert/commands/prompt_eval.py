@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from egbert.evaluation.prompting import (
-    RESULTS_FILE,
-    build_parser,
-    results_table,
-    run_prompt_eval,
-)
+from egbert.evaluation.prompting import RESULTS_FILE, build_parser, prompt_table, run_prompt_eval
+from egbert.evaluation.results import print_results
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,6 +12,4 @@ def main(argv: list[str] | None = None) -> None:
     for name, task in results["tasks"].items():
         if "note" in task:
             print(f"egbert prompt-eval: {name}: {task['note']}")
-    print(results_table(results))
-    if args.output_dir is not None:
-        print(f"egbert prompt-eval: wrote {args.output_dir / RESULTS_FILE}")
+    print_results("prompt-eval", prompt_table(results), args.output_dir, RESULTS_FILE)

@@ -86,15 +86,8 @@ def embed(
         word_level,
         stride,
     )
-    if isinstance(texts_or_pairs, str):
-        raise ConfigError("texts_or_pairs is a single string; pass a list of texts")
     target = None if output is None else check_output(output, pool)
-    if target is None or target.suffix in COUNTED_SUFFIXES:
-        texts_or_pairs = (
-            texts_or_pairs if isinstance(texts_or_pairs, Sized) else list(texts_or_pairs)
-        )
-        if not len(texts_or_pairs):
-            raise DataError("no texts to embed")
+    texts_or_pairs = _checked_inputs(texts_or_pairs, target)
     model, tokenizer, was_training = resolve_model(model_or_dir, tokenizer, device, allow_pickle)
     try:
         depth = model.config.num_hidden_layers
@@ -108,8 +101,7 @@ def embed(
             )
             count = len(items)
         else:
-            metadata = {"model": str(getattr(model, "name_or_path", model_or_dir))}
-            metadata |= output_metadata(options)
+            metadata = output_metadata(str(getattr(model, "name_or_path", model_or_dir)), options)
             count, truncated = write_embeddings(
                 model, tokenizer, texts_or_pairs, positions, options, max_length, target, metadata
             )
@@ -125,9 +117,26 @@ def embed(
     return results
 
 
-def output_metadata(options: EmbedOptions) -> dict[str, str]:
-    """What a .safetensors output's header says of how its vectors were made."""
+def _checked_inputs(
+    texts_or_pairs: Iterable[TextOrPair], target: Path | None
+) -> Iterable[TextOrPair]:
+    """The inputs, made a list where they must be counted first (returned arrays, and outputs
+    whose size is written before the vectors); DataError if there are none."""
+    if isinstance(texts_or_pairs, str):
+        raise ConfigError("texts_or_pairs is a single string; pass a list of texts")
+    if target is None or target.suffix in COUNTED_SUFFIXES:
+        texts_or_pairs = (
+            texts_or_pairs if isinstance(texts_or_pairs, Sized) else list(texts_or_pairs)
+        )
+        if not len(texts_or_pairs):
+            raise DataError("no texts to embed")
+    return texts_or_pairs
+
+
+def output_metadata(model_name: str, options: EmbedOptions) -> dict[str, str]:
+    """What a .safetensors output's header says of the model and how its vectors were made."""
     return {
+        "model": model_name,
         "layers": ",".join(map(str, options.layers)),
         "combine": options.combine,
         "pool": options.pool,

@@ -6,7 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from egbert.errors import ConfigError
+from egbert.models.heads import LAST_LAYERS
 
+# How layers join (egbert.models.heads.LAST4_FEATURES and the probe's --features name theirs by
+# these) and how a layer's tokens become one vector. These pools are positions: "cls" is the
+# first token, "last" the last real one; the heads' and the probe's "cls", a family's summary
+# position, is built from them (egbert.evaluation.probe.SUMMARY_POOLS).
 COMBINES = ("concat", "sum", "mean", "scalar-mix", "none")
 POOLS = ("none", "cls", "mean", "last")
 
@@ -46,7 +51,7 @@ class EmbedOptions:
             raise ConfigError(f"max_length={self.max_length} must be at least 1")
 
 
-def last_layers(depth: int, count: int = 4) -> tuple[int, ...]:
+def last_layers(depth: int, count: int = LAST_LAYERS) -> tuple[int, ...]:
     """The default layers: the last `count` of a model of `depth` layers, or all of a
     shallower one (-1 the last; BERT's feature-based recipe concatenates its last four)."""
     return tuple(range(-1, -min(count, depth) - 1, -1))

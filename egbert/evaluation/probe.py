@@ -42,6 +42,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +61,27 @@ from egbert.evaluation.results import (
     add_run_arguments,
     check_data_dir,
     check_positive,
-    check_split_present,
     evaluate_tasks,
     majority_score,
-    present_eval_splits,
     sample_indices,
     scored,
     write_results,
 )
 from egbert.finetune.metrics import format_metrics, glue_average, task_score
-from egbert.finetune.tasks import GLUE_TASKS, Task, available_tasks, get_task, read_glue_split
-from egbert.models.heads import LAST_LAYERS
+from egbert.finetune.tables import column, one_decimal, percent, results_table
+from egbert.finetune.tasks import (
+    GLUE_TASKS,
+    Task,
+    present_eval_splits,
+    read_glue_split,
+    resolve_tasks,
+)
+from egbert.models.families import FAMILY_OF_MODEL_TYPE
+from egbert.models.heads import CLASSIFIER_POOLS, LAST4_FEATURES, LAST_LAYERS
 
-FEATURES = ("last", "last4-concat", "last4-sum", "all-mean")
-POOLS = ("mean", "cls")
+# --features, each with how `embed` combines its layers; the last4 ones as the heads take them
+FEATURE_COMBINES = {"last": "none", **LAST4_FEATURES, "all-mean": "mean"}
+FEATURES = tuple(FEATURE_COMBINES)
 RESULTS_FILE = "probe_results.json"
 C_GRID = tuple(float(c) for c in np.logspace(-4, 2, 7))  # 1e-4 ... 100
 ALPHA_GRID = tuple(float(a) for a in np.logspace(-2, 5, 8))  # 0.01 ... 1e5
@@ -82,12 +90,11 @@ HOLDOUT_FRACTION = 0.2
 # Where each family sums a sentence up, as its fine-tuning head does (egbert.models.heads), in
 # terms of `embed`'s pools: BERT's first token, GPT's last real token, and for ELMo the forward
 # half of each layer at the last token next to the backward half at the first token.
+# Stock BERT / GPT-2 checkpoints, which `load_model` reads as they are, count as their family.
 SUMMARY_POOLS: dict[str, tuple[str, ...]] = {
-    "egbert-bert": ("cls",),
-    "egbert-gpt": ("last",),
-    "egbert-elmo": ("last", "cls"),
-    "bert": ("cls",),  # stock transformers checkpoints, which `load_model` reads as they are
-    "gpt2": ("last",),
+    "bert": ("cls",),
+    "gpt": ("last",),
+    "elmo": ("last", "cls"),
 }
 
 
@@ -97,22 +104,23 @@ SUMMARY_POOLS: dict[str, tuple[str, ...]] = {
 
 def feature_layers(features: str, num_layers: int) -> tuple[list[int], str]:
     """(indices into hidden_states, how `embed` combines them) for a --features choice."""
+    combine = FEATURE_COMBINES[features]
     if features == "last":
-        return [-1], "none"
+        return [-1], combine
     if features == "all-mean":
-        return list(range(num_layers + 1)), "mean"
+        return list(range(num_layers + 1)), combine
     top_first = [-i for i in range(1, min(LAST_LAYERS, num_layers + 1) + 1)]
-    return top_first, "concat" if features == "last4-concat" else "sum"
+    return top_first, combine
 
 
 def summary_pools(config: PretrainedConfig) -> tuple[str, ...]:
-    pools = SUMMARY_POOLS.get(config.model_type)
-    if pools is None:
+    family = FAMILY_OF_MODEL_TYPE.get(config.model_type)
+    if family is None:
         raise ConfigError(
             f"--pool cls: egbert knows no summary position for model_type "
-            f"{config.model_type!r} (it knows {', '.join(SUMMARY_POOLS)}); use --pool mean"
+            f"{config.model_type!r} (it knows {', '.join(FAMILY_OF_MODEL_TYPE)}); use --pool mean"
         )
-    return pools
+    return SUMMARY_POOLS[family]
 
 
 def sentence_vectors(
@@ -209,34 +217,11 @@ def fit_probe(
 # Tasks, runs, the table
 
 
-def resolve_tasks(names: Sequence[str] | str, data_dir: Path) -> list[Task]:
-    """GLUE tasks by name ("all": those with train and dev files in data_dir), files checked."""
-    names = [names] if isinstance(names, str) else list(names)
-    if not names:
-        raise ConfigError("no task given; pass --task (a GLUE task name, several, or all)")
-    if "all" in names:
-        names = available_tasks(data_dir)
-        if not names:
-            raise DataError(
-                f"no GLUE task has its train and dev files in {data_dir}; "
-                "expected e.g. SST-2/train.tsv and SST-2/dev.tsv"
-            )
-    tasks = list({task.name: task for task in map(get_task, names)}.values())
-    for task in tasks:
-        if task.trained_as:
-            raise ConfigError(
-                f"{task.name} has no training data to fit a probe on; probe {task.trained_as}"
-            )
-        check_split_present(task, "train", data_dir)
-        present_eval_splits(task, data_dir)
-    return tasks
-
-
 def check_probe_options(features: str, pool: str, max_train_samples: int | None, batch_size: int):
     if features not in FEATURES:
         raise ConfigError(f"--features {features!r} is not one of {', '.join(FEATURES)}")
-    if pool not in POOLS:
-        raise ConfigError(f"--pool {pool!r} is not one of {', '.join(POOLS)}")
+    if pool not in CLASSIFIER_POOLS:
+        raise ConfigError(f"--pool {pool!r} is not one of {', '.join(CLASSIFIER_POOLS)}")
     check_positive("--max-train-samples", max_train_samples)
     check_positive("--batch-size", batch_size)
 
@@ -353,25 +338,39 @@ def run_probe(
     return results
 
 
-def results_table(results: dict[str, Any]) -> str:
-    """A Markdown table of the probe's dev results (percentages)."""
-    lines = [
-        "| task | dev metrics | score | majority | train examples | regularization | seconds |",
-        "|---|---|---:|---:|---:|---|---:|",
+def regularization_cell(regularization: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.3g}" for name, value in regularization.items())
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    """A task's line in `egbert probe`'s table."""
+
+    task: str = column("task")
+    metrics: dict[str, dict[str, float]] = column("dev metrics", format_metrics)
+    score: float = column("score", percent, numeric=True)
+    majority_score: float | None = column("majority", percent, numeric=True)
+    n_train: int = column("train examples", numeric=True)
+    regularization: dict[str, float] = column("regularization", regularization_cell)
+    seconds: float = column("seconds", one_decimal, numeric=True)
+
+
+def probe_table(results: dict[str, Any]) -> str:
+    """A Markdown table of the probe's dev results (percentages), with their GLUE average."""
+    rows = [
+        ProbeRow(
+            name,
+            r["metrics"],
+            r["score"],
+            r["majority_score"],
+            r["n_train"],
+            r["regularization"],
+            r["seconds"],
+        )
+        for name, r in results["tasks"].items()
     ]
-    for name, r in results["tasks"].items():
-        majority = "" if r["majority_score"] is None else f"{100 * r['majority_score']:.2f}"
-        regularization = ", ".join(f"{k} {v:.3g}" for k, v in r["regularization"].items())
-        lines.append(
-            f"| {name} | {format_metrics(r['metrics'])} | {100 * r['score']:.2f} | {majority} "
-            f"| {r['n_train']} | {regularization} | {r['seconds']:.1f} |"
-        )
-    average = results["glue_average"]
-    if average and len(average["tasks"]) > 1:
-        lines.append(
-            f"| average ({', '.join(average['tasks'])}) | | {100 * average['score']:.2f} | | | | |"
-        )
-    return "\n".join(lines)
+    average = glue_average({row.task: row.score for row in rows})
+    return results_table(ProbeRow, rows, average, "average")
 
 
 def build_parser() -> ArgumentParser:
@@ -404,7 +403,7 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--pool",
-        choices=POOLS,
+        choices=CLASSIFIER_POOLS,
         help="mean over real tokens, or cls: the family's summary position (BERT's [CLS], "
         "GPT's last token, ELMo's two sentence ends)",
     )
@@ -413,7 +412,5 @@ def build_parser() -> ArgumentParser:
         type=int,
         help="fit on a seeded random draw of this many training examples",
     )
-    parser.add_argument("--batch-size", type=int, help="examples per forward")
-    add_run_arguments(parser, RESULTS_FILE)
-    parser.defaults_from(run_probe)
+    add_run_arguments(parser, RESULTS_FILE, "examples per forward", run_probe)
     return parser

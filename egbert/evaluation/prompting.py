@@ -56,18 +56,18 @@ from egbert.evaluation.results import (
     check_positive,
     evaluate_tasks,
     majority_score,
-    present_eval_splits,
     sample_indices,
     scored,
     write_results,
 )
 from egbert.finetune.metrics import format_metrics, task_score
-from egbert.finetune.tasks import Task, get_task, read_glue_split, split_file
+from egbert.finetune.tables import column, one_decimal, percent, results_table
+from egbert.finetune.tasks import Task, read_glue_split, resolve_tasks, split_file
 from egbert.model_files import load_pretrained, read_model_config
+from egbert.models.families import CAUSAL_MODEL_TYPES
 from egbert.tokenizer import check_vocab_matches, load_tokenizer
 
 RESULTS_FILE = "prompt_eval_results.json"
-CAUSAL_MODEL_TYPES = ("egbert-gpt", "gpt2")
 DEMONSTRATION_SEPARATOR = "\n\n"
 CONTENT_FREE_TEXT = "N/A"
 
@@ -239,30 +239,6 @@ def joined(demonstrations: Sequence[list[int]], query: list[int], room: int) -> 
 
 # ---------------------------------------------------------------------------------------------
 # Tasks and runs
-
-
-def resolve_tasks(names: Sequence[str] | str, data_dir: Path) -> list[Task]:
-    """Tasks with a prompt format ("all": those of PROMPTS whose dev file is in data_dir)."""
-    names = [names] if isinstance(names, str) else list(names)
-    if not names:
-        raise ConfigError("no task given; pass --task (one of the prompt tasks, several, or all)")
-    if "all" in names:
-        names = [name for name in PROMPTS if _has_dev_file(get_task(name), data_dir)]
-        if not names:
-            raise DataError(f"no dev file of {', '.join(PROMPTS)} in {data_dir}")
-    tasks = list({task.name: task for task in map(get_task, names)}.values())
-    for task in tasks:
-        if task.name not in PROMPTS:
-            raise ConfigError(
-                f"prompt-eval has no prompt format for {task.name}; choose from "
-                f"{', '.join(PROMPTS)} or all"
-            )
-        present_eval_splits(task, data_dir)
-    return tasks
-
-
-def _has_dev_file(task: Task, data_dir: Path) -> bool:
-    return split_file(task, task.eval_splits[0], data_dir) is not None
 
 
 def check_prompt_options(shots: Sequence[int], max_eval_samples: int | None, batch_size: int):
@@ -450,7 +426,13 @@ def run_prompt_eval(
     shots = list(dict.fromkeys(shots))
     check_prompt_options(shots, max_eval_samples, batch_size)
     data_dir = check_data_dir(data_dir)
-    task_list = resolve_tasks(tasks, data_dir)
+    task_list = resolve_tasks(
+        tasks,
+        data_dir,
+        offered=tuple(PROMPTS),
+        not_offered="prompt-eval has no prompt format for {task}",
+        needs_train=False,
+    )
     model, tokenizer = load_causal_model(model_dir, device, allow_pickle)
     options = {
         "shots": shots,
@@ -482,25 +464,40 @@ def run_prompt_eval(
     return results
 
 
-def results_table(results: dict[str, Any]) -> str:
+@dataclass(frozen=True)
+class PromptRow:
+    """A line of `egbert prompt-eval`'s table: a task after k demonstrations, raw or calibrated."""
+
+    task: str = column("task")
+    shots: str = column("shots")  # k, or "k, calibrated"
+    mean_demonstrations: float = column("demonstrations kept", one_decimal, numeric=True)
+    metrics: dict[str, dict[str, float]] = column("dev metrics", format_metrics)
+    score: float = column("score", percent, numeric=True)
+    majority_score: float = column("majority", percent, numeric=True)
+    n_eval: int = column("examples", numeric=True)
+
+
+def prompt_table(results: dict[str, Any]) -> str:
     """A Markdown table: one row per task and number of shots (and calibrated rows)."""
-    lines = [
-        "| task | shots | demonstrations kept | dev metrics | score | majority | examples |",
-        "|---|---|---:|---|---:|---:|---:|",
-    ]
+    rows = []
     for name, task in results["tasks"].items():
-        majority = f"{100 * task['majority_score']:.2f}"
         for k, entry in task["shots"].items():
-            rows = [(k, entry)]
+            scores = [(k, entry)]
             if "calibrated" in entry:
-                rows.append((f"{k}, calibrated", entry["calibrated"]))
-            for label, scores in rows:
-                lines.append(
-                    f"| {name} | {label} | {entry['mean_demonstrations']:.1f} "
-                    f"| {format_metrics(scores['metrics'])} | {100 * scores['score']:.2f} "
-                    f"| {majority} | {task['n_eval']} |"
+                scores.append((f"{k}, calibrated", entry["calibrated"]))
+            rows += [
+                PromptRow(
+                    name,
+                    label,
+                    entry["mean_demonstrations"],
+                    result["metrics"],
+                    result["score"],
+                    task["majority_score"],
+                    task["n_eval"],
                 )
-    return "\n".join(lines)
+                for label, result in scores
+            ]
+    return results_table(PromptRow, rows)
 
 
 def build_parser() -> ArgumentParser:
@@ -541,7 +538,5 @@ def build_parser() -> ArgumentParser:
         type=int,
         help="score a seeded random sample of this many dev examples (default: all)",
     )
-    parser.add_argument("--batch-size", type=int, help="sequences per forward")
-    add_run_arguments(parser, RESULTS_FILE)
-    parser.defaults_from(run_prompt_eval)
+    add_run_arguments(parser, RESULTS_FILE, "sequences per forward", run_prompt_eval)
     return parser

@@ -20,7 +20,7 @@ import torch
 from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import ConfigError, DataError
 from egbert.finetune.metrics import compute_task_metrics, task_score
-from egbert.finetune.tasks import Task, split_file
+from egbert.finetune.tasks import Task
 from egbert.model_files import ALLOW_PICKLE_HELP
 from egbert.training.runtime import bf16_pays_off
 
@@ -30,19 +30,6 @@ def check_data_dir(data_dir: str | os.PathLike) -> Path:
     if not path.is_dir():
         raise DataError(f"--data-dir {path}: no such folder; pass the GLUE folder")
     return path
-
-
-def check_split_present(task: Task, split: str, data_dir: Path) -> None:
-    """DataError naming the file expected, before any model is loaded."""
-    if split_file(task, split, data_dir) is None:
-        names = " or ".join(str(data_dir / task.dir_name / name) for name in task.files[split])
-        raise DataError(f"{task.name} {split} file not found: {names}; check --data-dir")
-
-
-def present_eval_splits(task: Task, data_dir: Path) -> list[str]:
-    """The task's dev splits found under data_dir (MNLI: matched and, if there, mismatched)."""
-    check_split_present(task, task.eval_splits[0], data_dir)
-    return [split for split in task.eval_splits if split_file(task, split, data_dir)]
 
 
 def check_positive(name: str, value: int | None) -> None:
@@ -89,9 +76,12 @@ def add_model_and_task_arguments(parser: ArgumentParser, task_help: str) -> None
     )  # fmt: skip
 
 
-def add_run_arguments(parser: ArgumentParser, results_file: str) -> None:
-    """--seed, --output-dir, --device, --bf16 and --allow-pickle (their defaults: the run
-    function's, `parser.defaults_from`)."""
+def add_run_arguments(
+    parser: ArgumentParser, results_file: str, batch_help: str, run: Callable[..., Any]
+) -> None:
+    """--batch-size, --seed, --output-dir, --device, --bf16 and --allow-pickle, and every
+    option's default from the run function's signature (`parser.defaults_from(run)`)."""
+    parser.add_argument("--batch-size", type=int, help=batch_help)
     parser.add_argument("--seed", type=int, help="random seed")
     parser.add_argument(
         "--output-dir", type=Path, help=f"write {results_file} here (default: print only)"
@@ -103,6 +93,14 @@ def add_run_arguments(parser: ArgumentParser, results_file: str) -> None:
         help="bf16 autocast (default: where the device runs it faster than fp32)",
     )
     parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
+    parser.defaults_from(run)
+
+
+def print_results(command: str, table: str, output_dir: Path | None, results_file: str) -> None:
+    """A command's table, and where its results file went."""
+    print(table)
+    if output_dir is not None:
+        print(f"egbert {command}: wrote {output_dir / results_file}")
 
 
 @contextmanager

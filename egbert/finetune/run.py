@@ -26,6 +26,7 @@ SIGTERM or Ctrl-C the same command with `--resume` goes on from it, to the same 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import tempfile
@@ -52,29 +53,24 @@ import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with t
 from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
 from egbert.config import FinetuneArguments, TrainingArguments, apply_config_overrides, load_recipe
 from egbert.errors import CheckpointError, ConfigError, DataError, first_line
-from egbert.finetune.metrics import (
-    compute_task_metrics,
-    format_metrics,
-    glue_average,
-    task_score,
-)
+from egbert.finetune.metrics import compute_task_metrics, format_metrics, glue_average, task_score
+from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import (
     GLUE_TASKS,
     HUB_DATASET,
-    SCORED_TASKS,
     Task,
-    available_tasks,
     custom_task,
-    get_task,
     labels_in_file,
     read_glue_split,
     read_task_file,
+    resolve_tasks,
     split_file,
 )
 from egbert.model_files import load_pretrained, read_model_config, resolve_model_dir
 from egbert.models.convert import convert_checkpoint
+from egbert.models.families import FAMILY_OF_MODEL_TYPE
 from egbert.report import ModelCardInfo
-from egbert.tokenizer import FAMILY_OF_MODEL_TYPE, check_vocab_matches, load_tokenizer
+from egbert.tokenizer import check_vocab_matches, load_tokenizer
 from egbert.training.runtime import check_trackers_installed
 from egbert.training.trainer import Trainer
 
@@ -157,7 +153,7 @@ def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOu
     """Fine-tune on each task asked for; returns the results and their table."""
     check_paths(args)
     check_trackers_installed(training.report_to)  # before the data is tokenized
-    tasks = resolve_tasks(args)
+    tasks = tasks_to_run(args)
     output_dir = Path(training.output_dir)
     output = FinetuneOutput()
     for task in tasks:
@@ -167,10 +163,11 @@ def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOu
             output.interrupted = True
             return output
         output.results.append(result)
-    output.table = results_table(output.results)
+    average = glue_average({r["task"]: r["score"] for r in output.results})
+    rows = [FinetuneRow.of(result) for result in output.results]
+    output.table = results_table(FinetuneRow, rows, average, "GLUE average")
     if len(tasks) > 1 and PartialState().is_main_process:
         summary = {"tasks": {r["task"]: r for r in output.results}, "table": output.table}
-        average = glue_average({r["task"]: r["score"] for r in output.results})
         if average:
             summary |= {"glue_average": average.score, "glue_average_tasks": list(average.tasks)}
         (output_dir / "eval_results.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -180,13 +177,14 @@ def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOu
 # ---------------------------------------------------------------- tokenizer and data
 
 
-def read_backbone_config(model_dir: Path, **changes: Any) -> PretrainedConfig:
-    """The model folder's config (with `changes`); a one-line CheckpointError if it is not a
-    model transformers or egbert knows."""
-    read_model_config(model_dir)  # a missing or broken config.json, said plainly
+def read_backbone_config(model_dir: Path) -> PretrainedConfig:
+    """The model folder's config; a one-line CheckpointError if it is not a model transformers
+    or egbert knows."""
     try:
-        return AutoConfig.from_pretrained(model_dir, **changes)
-    except (OSError, ValueError, KeyError) as error:
+        return AutoConfig.from_pretrained(model_dir)
+    # AttributeError, TypeError: a config.json that is JSON but not an object of fields
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as error:
+        read_model_config(model_dir)  # a missing or broken config.json, said plainly
         raise CheckpointError(
             f"cannot load a model config from {model_dir}: {first_line(error)}"
         ) from None
@@ -303,33 +301,21 @@ def label_statistics(train: datasets.Dataset, task: Task) -> dict[str, float]:
 
 
 def load_classifier(
-    model_dir: Path, task: Task, args: FinetuneArguments, config_fields: dict[str, Any]
+    model_dir: Path,
+    backbone: PretrainedConfig,
+    task: Task,
+    args: FinetuneArguments,
+    config_fields: dict[str, Any],
 ) -> PreTrainedModel:
-    """The model directory's backbone under a fresh classification head for the task, its
-    config given `config_fields` (pad token, label statistics); stock BERT / GPT-2 checkpoints
-    are converted to egbert first so every head option works."""
-    if read_model_config(model_dir).get("model_type") in STOCK_MODEL_TYPES:
+    """The model directory's backbone (its config read already) under a fresh classification
+    head for the task, its config given `config_fields` (pad token, label statistics); stock
+    BERT / GPT-2 checkpoints are converted to egbert first so every head option works."""
+    if backbone.model_type in STOCK_MODEL_TYPES:
         with tempfile.TemporaryDirectory(prefix="egbert-convert-") as converted:
             convert_checkpoint(model_dir, converted, allow_pickle=args.allow_pickle)
-            return _classifier_from(Path(converted), task, args, config_fields)
-    return _classifier_from(model_dir, task, args, config_fields)
-
-
-def _classifier_from(
-    model_dir: Path, task: Task, args: FinetuneArguments, config_fields: dict[str, Any]
-) -> PreTrainedModel:
-    config = read_backbone_config(
-        model_dir,
-        num_labels=task.num_labels,
-        id2label=task.id2label,
-        label2id={label: i for i, label in task.id2label.items()},
-        problem_type="regression" if task.is_regression else "single_label_classification",
-    )
-    apply_config_overrides(config, args.config_overrides)
-    config.classifier_features = args.features
-    config.classifier_pool = args.pool
-    config.classifier_layer_norm = args.layer_norm
-    config.freeze_backbone = args.freeze
+            egbert_backbone = read_backbone_config(Path(converted))
+            return load_classifier(Path(converted), egbert_backbone, task, args, config_fields)
+    config = classifier_config(backbone, task, args)
     for name, value in config_fields.items():
         # a regression model fine-tuned further keeps the label statistics its head learned in
         if getattr(config, name, None) is None:
@@ -342,6 +328,22 @@ def _classifier_from(
         config=config,
         ignore_mismatched_sizes=True,
     )
+
+
+def classifier_config(
+    backbone: PretrainedConfig, task: Task, args: FinetuneArguments
+) -> PretrainedConfig:
+    """The backbone's config with the task's labels, --config-override and the head options."""
+    config = copy.deepcopy(backbone)
+    config.id2label = task.id2label  # num_labels follows
+    config.label2id = {label: i for i, label in task.id2label.items()}
+    config.problem_type = "regression" if task.is_regression else "single_label_classification"
+    apply_config_overrides(config, args.config_overrides)
+    config.classifier_features = args.features
+    config.classifier_pool = args.pool
+    config.classifier_layer_norm = args.layer_norm
+    config.freeze_backbone = args.freeze
+    return config
 
 
 # ---------------------------------------------------------------- metrics and predictions
@@ -438,7 +440,7 @@ def finetuning_trainer(
 
     set_seed(training.seed)  # the new head's initial weights
     fields = {"pad_token_id": tokenizer.pad_token_id, **label_statistics(train, task)}
-    model = load_classifier(model_dir, task, args, fields)
+    model = load_classifier(model_dir, backbone, task, args, fields)
     metric_names: set[str] = set()
 
     def dev_metrics(prediction: EvalPrediction) -> dict[str, float]:
@@ -573,47 +575,37 @@ def training_options(args: FinetuneArguments, training: TrainingArguments) -> di
 # ---------------------------------------------------------------- tasks and tables
 
 
-def results_table(results: list[dict]) -> str:
-    """A Markdown table of dev results, with the GLUE average over the GLUE tasks run."""
-    lines = [
-        "| task | dev metrics | score | best epoch | train examples | minutes |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r['task']} | {format_metrics(r['metrics'])} | {100 * r['score']:.2f} "
-            f"| {r['best_epoch']} | {r['train_examples']} | {r['seconds'] / 60:.1f} |"
+@dataclass(frozen=True)
+class FinetuneRow:
+    """A task's line in `egbert finetune`'s table."""
+
+    task: str = column("task")
+    metrics: dict[str, dict[str, float]] = column("dev metrics", format_metrics)
+    score: float = column("score", percent, numeric=True)
+    best_epoch: int = column("best epoch", numeric=True)
+    train_examples: int = column("train examples", numeric=True)
+    minutes: float = column("minutes", one_decimal, numeric=True)
+
+    @classmethod
+    def of(cls, result: dict[str, Any]) -> FinetuneRow:
+        """The row of a task's eval_results."""
+        return cls(
+            result["task"],
+            result["metrics"],
+            result["score"],
+            result["best_epoch"],
+            result["train_examples"],
+            result["seconds"] / 60,
         )
-    average = glue_average({r["task"]: r["score"] for r in results})
-    if average and len(average.tasks) > 1:
-        tasks = average.tasks
-        note = "all nine tasks" if len(tasks) == len(SCORED_TASKS) else ", ".join(tasks)
-        lines.append(f"| GLUE average ({note}) | | {100 * average.score:.2f} | | | |")
-    return "\n".join(lines)
 
 
-def resolve_tasks(args: FinetuneArguments) -> list[Task]:
+def tasks_to_run(args: FinetuneArguments) -> list[Task]:
+    """The custom task of --train-file, or the GLUE tasks of --task."""
     if args.train_file or args.validation_file:
         return [build_custom_task(args)]
     if not args.task:
         raise ConfigError("give --task (a GLUE task or all), or --train-file for a custom task")
-    if args.task != "all":
-        task = get_task(args.task)
-        if task.trained_as:
-            raise ConfigError(
-                f"{task.name} has no training data: its predictions come from the "
-                f"{task.trained_as} model; run --task {task.trained_as}"
-            )
-        return [task]
-    if args.data_dir is None:
-        raise ConfigError("--task all runs the tasks whose files are in --data-dir; pass it")
-    names = available_tasks(args.data_dir)
-    if not names:
-        raise DataError(
-            f"no GLUE task has its train and dev files in {args.data_dir}; "
-            "expected e.g. RTE/train.tsv and RTE/dev.tsv"
-        )
-    return [GLUE_TASKS[name] for name in names]
+    return resolve_tasks(args.task, args.data_dir)
 
 
 def build_custom_task(args: FinetuneArguments) -> Task:

@@ -76,35 +76,34 @@ class Task:
         return tuple(split for split in self.files if split.startswith("test"))
 
 
-def _pair_task(name: str, dir_name: str, columns: tuple[str, str], **kwargs) -> Task:
+def _glue_task(name: str, dir_name: str, columns: tuple[str, ...], **kwargs) -> Task:
+    """A GLUE task under its hub config's name; its test predictions go to GLUE's file named
+    after its folder unless `submission` says otherwise."""
+    kwargs.setdefault("submission", {"test": dir_name})
     return Task(name=name, text_columns=columns, dir_name=dir_name, hub_config=name, **kwargs)
 
 
 GLUE_TASKS: dict[str, Task] = {
     task.name: task
     for task in (
-        Task(
-            name="cola",
-            text_columns=("sentence",),
+        _glue_task(
+            "cola",
+            "CoLA",
+            ("sentence",),
             labels=("0", "1"),
             label_names=("unacceptable", "acceptable"),
             metric="matthews_correlation",
-            dir_name="CoLA",
             headerless={"train": COLA_COLUMNS, "validation": COLA_COLUMNS},
-            hub_config="cola",
-            submission={"test": "CoLA"},
         ),
-        Task(
-            name="sst2",
-            text_columns=("sentence",),
+        _glue_task(
+            "sst2",
+            "SST-2",
+            ("sentence",),
             labels=("0", "1"),
             label_names=("negative", "positive"),
             metric="accuracy",
-            dir_name="SST-2",
-            hub_config="sst2",
-            submission={"test": "SST-2"},
         ),
-        _pair_task(
+        _glue_task(
             "mrpc",
             "MRPC",
             ("sentence1", "sentence2"),
@@ -112,18 +111,16 @@ GLUE_TASKS: dict[str, Task] = {
             label_names=("not_equivalent", "equivalent"),
             metric="accuracy_f1",
             source_columns={"sentence1": "#1 String", "sentence2": "#2 String", "label": "Quality"},
-            submission={"test": "MRPC"},
         ),
-        _pair_task(
+        _glue_task(
             "stsb",
             "STS-B",
             ("sentence1", "sentence2"),
             labels=None,
             metric="pearson_spearman",
             source_columns={"label": "score"},
-            submission={"test": "STS-B"},
         ),
-        _pair_task(
+        _glue_task(
             "qqp",
             "QQP",
             ("question1", "question2"),
@@ -131,9 +128,8 @@ GLUE_TASKS: dict[str, Task] = {
             label_names=("not_duplicate", "duplicate"),
             metric="accuracy_f1",
             source_columns={"label": "is_duplicate", "idx": "id"},
-            submission={"test": "QQP"},
         ),
-        _pair_task(
+        _glue_task(
             "mnli",
             "MNLI",
             ("premise", "hypothesis"),
@@ -153,33 +149,30 @@ GLUE_TASKS: dict[str, Task] = {
             },
             submission={"test_matched": "MNLI-m", "test_mismatched": "MNLI-mm"},
         ),
-        _pair_task(
+        _glue_task(
             "qnli",
             "QNLI",
             ("question", "sentence"),
             labels=("entailment", "not_entailment"),
             metric="accuracy",
-            submission={"test": "QNLI"},
         ),
-        _pair_task(
+        _glue_task(
             "rte",
             "RTE",
             ("sentence1", "sentence2"),
             labels=("entailment", "not_entailment"),
             metric="accuracy",
-            submission={"test": "RTE"},
         ),
-        _pair_task(
+        _glue_task(
             "wnli",
             "WNLI",
             ("sentence1", "sentence2"),
             labels=("0", "1"),
             label_names=("not_entailment", "entailment"),
             metric="accuracy",
-            submission={"test": "WNLI"},
         ),
         # The diagnostic set: MNLI-style pairs, test only, predicted with the model trained on mnli.
-        _pair_task(
+        _glue_task(
             "ax",
             "diagnostic",
             ("premise", "hypothesis"),
@@ -241,14 +234,97 @@ def split_file(task: Task, split: str, data_dir: str | Path) -> Path | None:
     return next((folder / n for n in task.files[split] if (folder / n).is_file()), None)
 
 
-def available_tasks(data_dir: str | Path) -> list[str]:
-    """The tasks whose train file and (first) dev file are present under `data_dir`."""
+def available_tasks(
+    data_dir: str | Path, names: Sequence[str] | None = None, needs_train: bool = True
+) -> list[str]:
+    """The tasks of `names` (every GLUE task by default) whose first dev file and, with
+    `needs_train`, train file are present under `data_dir`."""
+    tasks = GLUE_TASKS.values() if names is None else map(get_task, names)
     return [
         task.name
-        for task in GLUE_TASKS.values()
-        if "train" in task.files
-        and all(split_file(task, split, data_dir) for split in ("train", task.eval_splits[0]))
+        for task in tasks
+        if task.eval_splits
+        and (not needs_train or "train" in task.files)
+        and all(split_file(task, split, data_dir) for split in _splits_needed(task, needs_train))
     ]
+
+
+def _splits_needed(task: Task, needs_train: bool) -> tuple[str, ...]:
+    return ("train", task.eval_splits[0]) if needs_train else task.eval_splits[:1]
+
+
+def check_split_present(task: Task, split: str, data_dir: str | Path) -> Path:
+    """The local file of a task's split; DataError naming the files expected when it is absent."""
+    path = split_file(task, split, data_dir)
+    if path is None:
+        expected = " or ".join(str(Path(data_dir) / task.dir_name / n) for n in task.files[split])
+        raise DataError(
+            f"{task.name} {split} file not found: {expected}; pass the GLUE folder as --data-dir"
+        )
+    return path
+
+
+def present_eval_splits(task: Task, data_dir: str | Path) -> list[str]:
+    """The task's dev splits found under data_dir (MNLI: matched and, if there, mismatched);
+    DataError when the first is absent."""
+    check_split_present(task, task.eval_splits[0], data_dir)
+    return [split for split in task.eval_splits if split_file(task, split, data_dir)]
+
+
+def resolve_tasks(
+    names: Sequence[str] | str,
+    data_dir: str | Path | None,
+    *,
+    offered: Sequence[str] | None = None,
+    not_offered: str = "{task} is not a task this command runs",
+    needs_train: bool = True,
+) -> list[Task]:
+    """The GLUE tasks a command was asked for, each once, its files checked when `data_dir`
+    is given (None: the hub's copy is read later).
+
+    `names`: task names, or "all": those of `offered` (None: every GLUE task) whose files are in
+    data_dir. A task outside `offered` is refused with `not_offered` (said of `{task}`).
+    `needs_train`: the command fits something to the train split, so a task without one (ax)
+    is refused and "all" picks only tasks with train and dev files; otherwise dev is enough.
+    """
+    names = [names] if isinstance(names, str) else list(names)
+    if not names:
+        raise ConfigError("no task given; pass --task (a task name, several, or all)")
+    if "all" in names:
+        names = _all_present(data_dir, offered, needs_train)
+    tasks = list({task.name: task for task in map(get_task, names)}.values())
+    for task in tasks:
+        if offered is not None and task.name not in offered:
+            raise ConfigError(
+                f"{not_offered.format(task=task.name)}; choose from {', '.join(offered)} or all"
+            )
+        if needs_train and task.trained_as:
+            raise ConfigError(
+                f"{task.name} has no training data: its predictions come from the "
+                f"{task.trained_as} model; pass --task {task.trained_as}"
+            )
+        if data_dir is not None:
+            for split in _splits_needed(task, needs_train):
+                check_split_present(task, split, data_dir)
+    return tasks
+
+
+def _all_present(
+    data_dir: str | Path | None, offered: Sequence[str] | None, needs_train: bool
+) -> list[str]:
+    """What --task all means: the tasks whose files are in data_dir."""
+    if data_dir is None:
+        raise ConfigError("--task all runs the tasks whose files are in --data-dir; pass it")
+    names = available_tasks(data_dir, offered, needs_train)
+    if not names:
+        files, example = (
+            ("train and dev files", "RTE/train.tsv and ") if needs_train else ("dev file", "")
+        )
+        raise DataError(
+            f"no GLUE task{'' if offered is None else ' of ' + ', '.join(offered)} has its "
+            f"{files} in {data_dir}; expected e.g. {example}RTE/dev.tsv"
+        )
+    return names
 
 
 def read_glue_split(
@@ -262,12 +338,7 @@ def read_glue_split(
     task = get_task(task) if isinstance(task, str) else task
     if data_dir is None:
         return _load_from_hub(task, split)
-    path = split_file(task, split, data_dir)
-    if path is None:
-        expected = " or ".join(str(Path(data_dir) / task.dir_name / n) for n in task.files[split])
-        raise DataError(
-            f"{task.name} {split} file not found: {expected}; pass the GLUE folder as --data-dir"
-        )
+    path = check_split_present(task, split, data_dir)
     return read_task_file(task, path, with_labels=not split.startswith("test"), split=split)
 
 

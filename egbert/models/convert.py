@@ -113,6 +113,26 @@ def shared_bert_fields(config: BertConfig | EgbertBertConfig) -> dict:
     return {name: getattr(config, name) for name in BERT_SHARED_FIELDS}
 
 
+# EgbertGPTConfig's fields under their GPT2Config names (the feed-forward width and GPT-2's
+# embedding dropout are set apart: GPT-2 may leave the first None, and egbert has no second).
+GPT2_CONFIG_NAMES = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "n_embd",
+    "num_hidden_layers": "n_layer",
+    "num_attention_heads": "n_head",
+    "hidden_act": "activation_function",
+    "hidden_dropout_prob": "resid_pdrop",
+    "attention_probs_dropout_prob": "attn_pdrop",
+    "max_position_embeddings": "n_positions",
+    "layer_norm_eps": "layer_norm_epsilon",
+    "initializer_range": "initializer_range",
+    "pad_token_id": "pad_token_id",
+    "bos_token_id": "bos_token_id",
+    "eos_token_id": "eos_token_id",
+    "tie_word_embeddings": "tie_word_embeddings",
+}
+
+
 def bert_config_from_transformers(config: BertConfig) -> EgbertBertConfig:
     position_type = getattr(config, "position_embedding_type", "absolute")
     if position_type != "absolute" or config.is_decoder or config.add_cross_attention:
@@ -151,21 +171,8 @@ def gpt2_config_from_transformers(config: GPT2Config) -> EgbertGPTConfig:
         )
     _check_activation(config.activation_function)
     return EgbertGPTConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.n_embd,
-        num_hidden_layers=config.n_layer,
-        num_attention_heads=config.n_head,
+        **{ours: getattr(config, theirs) for ours, theirs in GPT2_CONFIG_NAMES.items()},
         intermediate_size=config.n_inner or 4 * config.n_embd,
-        hidden_act=config.activation_function,
-        hidden_dropout_prob=config.resid_pdrop,
-        attention_probs_dropout_prob=config.attn_pdrop,
-        max_position_embeddings=config.n_positions,
-        layer_norm_eps=config.layer_norm_epsilon,
-        initializer_range=config.initializer_range,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        tie_word_embeddings=config.tie_word_embeddings,
     )
 
 
@@ -176,22 +183,9 @@ def gpt2_config_to_transformers(config: EgbertGPTConfig) -> GPT2Config:
             f"position_embedding_type={config.position_embedding_type!r}"
         )
     return GPT2Config(
-        vocab_size=config.vocab_size,
-        n_embd=config.hidden_size,
-        n_layer=config.num_hidden_layers,
-        n_head=config.num_attention_heads,
+        **{theirs: getattr(config, ours) for ours, theirs in GPT2_CONFIG_NAMES.items()},
         n_inner=config.intermediate_size,
-        activation_function=config.hidden_act,
-        resid_pdrop=config.hidden_dropout_prob,
-        embd_pdrop=config.hidden_dropout_prob,
-        attn_pdrop=config.attention_probs_dropout_prob,
-        n_positions=config.max_position_embeddings,
-        layer_norm_epsilon=config.layer_norm_eps,
-        initializer_range=config.initializer_range,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        tie_word_embeddings=config.tie_word_embeddings,
+        embd_pdrop=config.hidden_dropout_prob,  # egbert has one dropout for both
     )
 
 

@@ -63,9 +63,13 @@ HEAD_DEFAULTS: dict[str, Any] = {
     "regression_target_mean": 0.0,
     "regression_target_std": 1.0,
 }
-CLASSIFIER_FEATURES = ("cls", "last4-concat", "last4-sum", "scalar-mix")
-CLASSIFIER_POOLS = ("cls", "mean")
+# Layer features and pools: one vocabulary for these heads, `egbert probe` (--features, --pool)
+# and `egbert embed`, whose `combine` names how each feature joins its layers. "last4-...": the
+# last LAST_LAYERS hidden_states entries (all of them when there are fewer).
 LAST_LAYERS = 4
+LAST4_FEATURES = {"last4-concat": "concat", "last4-sum": "sum"}  # feature -> embed's combine
+CLASSIFIER_FEATURES = ("cls", *LAST4_FEATURES, "scalar-mix")
+CLASSIFIER_POOLS = ("cls", "mean")  # the family's summary position, or the mean over real tokens
 
 TokenPool = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from egbert.config import MODEL_FAMILIES
 from egbert.finetune.metrics import glue_average
+from egbert.models.families import MODEL_FAMILIES
 from egbert.quickstart.options import NOT_AVERAGED, PROMPT_SHOTS
 from egbert.quickstart.steps import PretrainingSummary
 

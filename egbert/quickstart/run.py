@@ -12,11 +12,12 @@ from typing import Any
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from egbert.config import MODEL_FAMILIES, arguments_from_options, load_recipe
+from egbert.config import arguments_from_options, load_recipe
 from egbert.errors import ConfigError
 from egbert.evaluation import probe, prompting
 from egbert.finetune.tasks import get_task, split_file
 from egbert.hub import check_hub_reachable
+from egbert.models.families import MODEL_FAMILIES
 from egbert.pretrain import run as pretrain_run
 from egbert.quickstart import planner
 from egbert.quickstart.budget import Budget, EvaluationRun, Plan, load_plan, planned_size

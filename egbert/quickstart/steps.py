@@ -20,6 +20,7 @@ from egbert.config import load_recipe
 from egbert.errors import ConfigError, DataError
 from egbert.finetune import run as finetune_run
 from egbert.finetune.tasks import GLUE_TASKS, available_tasks, get_task, split_file
+from egbert.models.families import FAMILY_OF_MODEL_TYPE
 from egbert.pretrain import run as pretrain_run
 from egbert.pretrain.sources import load_hub_documents
 from egbert.quickstart.options import (
@@ -30,7 +31,6 @@ from egbert.quickstart.options import (
 )
 from egbert.report import read_train_results
 from egbert.tokenizer import (
-    FAMILY_OF_MODEL_TYPE,
     format_stats,
     load_tokenizer,
     tokenizer_stats,
