@@ -656,26 +656,39 @@ RECIPE_STAGES = ("pretrain", "finetune")
 RECIPE_STAGES += ("quickstart-pretrain", "quickstart-finetune", "quickstart-probe")
 
 
-def load_recipe(family: str | None, stage: str) -> dict[str, Any]:
+class RecipeValues(dict):
+    """A recipe's option values (option name -> value), and where each was written: `origins`
+    (option name -> "egbert/configs/recipes/bert.yaml [pretrain]"), which --print-config names."""
+
+    def __init__(self, values: dict[str, Any] | None = None, origins: dict[str, str] | None = None):
+        super().__init__(values or {})
+        self.origins = dict(origins or {})
+
+
+def load_recipe(family: str | None, stage: str) -> RecipeValues:
     """The defaults of `family` (None: any family) for `stage`: egbert/configs/recipes/common.yaml's
     section of that stage with the family's file's over it, as option names -> values."""
     if stage not in RECIPE_STAGES:
         raise ConfigError(f"unknown recipe stage {stage!r}; use one of {RECIPE_STAGES}")
     if family is not None and family not in MODEL_FAMILIES:
         raise ConfigError(f"unknown model family {family!r}; use one of {MODEL_FAMILIES}")
-    recipe: dict[str, Any] = {}
+    recipe = RecipeValues()
     for name in ("common", family):
         if name is not None:
             resource = resources.files("egbert") / "configs" / "recipes" / f"{name}.yaml"
             sections = yaml.safe_load(resource.read_text(encoding="utf-8")) or {}
-            recipe |= sections.get(stage) or {}
+            section = sections.get(stage) or {}
+            recipe |= section
+            recipe.origins |= dict.fromkeys(
+                section, f"egbert/configs/recipes/{name}.yaml [{stage}]"
+            )
     return recipe
 
 
-def pretraining_recipe(options: dict[str, Any]) -> dict[str, Any]:
+def pretraining_recipe(options: dict[str, Any]) -> RecipeValues:
     """The pretraining defaults of the family in options["model"] (none without a known one)."""
     if options.get("model") not in MODEL_FAMILIES:
-        return {}
+        return RecipeValues()
     recipe = load_recipe(options["model"], "pretrain")
     if options.get("init_from"):  # a model from --init-from keeps its own config
         recipe.pop("config_overrides", None)

@@ -78,10 +78,18 @@ DESCRIPTION = (
     "has its own defaults (its recipe, egbert/configs/recipes/FAMILY.yaml): `--model FAMILY "
     "--help` shows them, --print-config every resolved option."
 )
-# Each family's pretraining defaults, from its recipe (the one place they are set).
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    family: load_recipe(family, "pretrain") for family in MODEL_FAMILIES
-}
+
+
+def family_defaults() -> dict[str, dict[str, Any]]:
+    """Each family's pretraining defaults, from its recipe (the one place they are set)."""
+    return {family: load_recipe(family, "pretrain") for family in MODEL_FAMILIES}
+
+
+def __getattr__(name: str) -> Any:
+    # FAMILY_DEFAULTS: the recipe files read when it is asked for, never at import
+    if name == "FAMILY_DEFAULTS":
+        return family_defaults()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # What each family's model is for on the Hub (the card's pipeline_tag).
