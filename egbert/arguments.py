@@ -1,5 +1,5 @@
 """The front door of every command: one argparse parser class, and parsers generated from the
-jobs' option dataclasses (`TrainingArguments`, `PretrainArguments`, ...).
+jobs' option dataclasses (`TrainingArguments`, `ModelArguments`, ...).
 
 What every command gets from it:
 - kebab-case options (`--train-files`); the underscore spelling (`--train_files`) still works
@@ -427,13 +427,17 @@ def _plain(value: Any) -> Any:
 # ---------------------------------------------------------------- dataclass commands
 
 Recipe = Callable[[dict[str, Any]], dict[str, Any]]
+# Checks the options of several dataclasses that depend on one another (each dataclass checks
+# its own fields): called with the job's instances, in the order of its dataclass types.
+Check = Callable[..., None]
 
 
 class DataclassArgumentParser(ArgumentParser):
     """A parser whose options are the fields of `dataclass_types`, one option per field; a
     `recipe` maps the early options it names (e.g. the model family) to the job's defaults.
     `recipe_choices` ({"model": families}): without one of them, --help says which defaults
-    depend on it. `notes` ({field: text}) add to the options' help."""
+    depend on it. `notes` ({field: text}) add to the options' help. `check`: the checks across
+    the dataclasses."""
 
     def __init__(
         self,
@@ -443,10 +447,12 @@ class DataclassArgumentParser(ArgumentParser):
         recipe_keys: Sequence[str] = ("model", "init_from"),
         recipe_choices: dict[str, Sequence[str]] | None = None,
         notes: dict[str, str] | None = None,
+        check: Check | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(prog, **kwargs)
         self.dataclass_types = tuple(dataclass_types)
+        self.check = check
         self.recipe = recipe
         self.recipe_keys = tuple(recipe_keys)
         self.recipe_choices = recipe_choices or {}
@@ -506,10 +512,13 @@ class DataclassArgumentParser(ArgumentParser):
 
     def into_dataclasses(self, namespace: argparse.Namespace) -> tuple[Any, ...]:
         values = vars(namespace)
-        return tuple(
+        instances = tuple(
             cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.init})
             for cls in self.dataclass_types
         )
+        if self.check is not None:
+            self.check(*instances)
+        return instances
 
     def resolved_options(self, namespace: argparse.Namespace) -> dict[str, Any]:
         """The dataclasses' fields once they are built (and validated)."""
@@ -582,7 +591,8 @@ def parse_args(
     """Parse `argv` once into instances of `dataclass_types`. Each option's value comes from the
     command line, else from `--config FILE`, else from `recipe` (the job's defaults for the
     options it reads, e.g. the family's), else from `defaults`, else from its dataclass.
-    `parser_options`: DataclassArgumentParser's (recipe_keys, recipe_choices, notes, hints)."""
+    `parser_options`: DataclassArgumentParser's (recipe_keys, recipe_choices, notes, hints,
+    check)."""
     parser = DataclassArgumentParser(
         dataclass_types,
         prog,
@@ -610,9 +620,11 @@ def arguments_from_options(
     dataclass_types: tuple[type, ...],
     options: dict[str, Any],
     defaults: dict[str, Any] | None = None,
+    check: Check | None = None,
 ) -> tuple[Any, ...]:
     """The job's dataclasses from keyword arguments (the Python API of a command): each option
-    goes to the dataclass with that field (or an alias of it); `defaults` sit under `options`."""
+    goes to the dataclass with that field (or an alias of it); `defaults` sit under `options`;
+    `check`: the checks across the dataclasses, as the command line's."""
     aliases = option_aliases(dataclass_types)
     values = {aliases.get(name, name): value for name, value in (defaults or {}).items()}
     values |= {aliases.get(name, name): value for name, value in options.items()}
@@ -622,10 +634,13 @@ def arguments_from_options(
         raise ConfigError(
             f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}"
         )
-    return tuple(
+    instances = tuple(
         cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
         for cls in dataclass_types
     )
+    if check is not None:
+        check(*instances)
+    return instances
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -64,9 +64,9 @@ def test_old_spellings_stay_aliases_of_the_kebab_case_options():
         argv = ["--model", "bert", "--tokenizer", "tok", "--train_files", "a.txt"]
         argv += ["--output_dir", "out", *old, "--bf16", "false"]
         assert parse_pretrain_args(argv) == new
-    assert new[0].nsp is False and new[0].train_files == ["a.txt"] and new[1].bf16 is False
-    assert parse_pretrain_args(["--model", "gpt", *REQUIRED, "--bf16"])[1].bf16 is True
-    assert parse_pretrain_args(["--model", "gpt", *REQUIRED, "--nsp", "true"])[0].nsp is True
+    assert new[2].nsp is False and new[1].train_files == ["a.txt"] and new[3].bf16 is False
+    assert parse_pretrain_args(["--model", "gpt", *REQUIRED, "--bf16"])[3].bf16 is True
+    assert parse_pretrain_args(["--model", "gpt", *REQUIRED, "--nsp", "true"])[2].nsp is True
 
 
 def option_help(text: str) -> dict[str, str]:
@@ -102,7 +102,7 @@ def test_help_lists_kebab_case_first_and_the_familys_own_defaults(capsys):
 def test_validation_sees_the_familys_batch_size():
     # bert's batch is 16, so a ramp to 32 is a multiple larger than it (refused before: the
     # first of two parses checked it against the trainer's batch of 32).
-    _, training = parse_pretrain_args(["--model", "bert", *REQUIRED, "--batch-ramp-to", "32"])
+    *_, training = parse_pretrain_args(["--model", "bert", *REQUIRED, "--batch-ramp-to", "32"])
     assert training.batch_size == 16 and training.batch_ramp_to == 32
     with pytest.raises(ConfigError, match="a multiple of --batch-size 32 larger than it"):
         parse_pretrain_args(["--model", "gpt", *REQUIRED, "--batch-ramp-to", "32"])
@@ -113,7 +113,7 @@ def test_the_python_api_gets_the_recipe_of_the_command_line():
     for family in ("bert", "gpt", "elmo"):
         argv = ["--model", family, *REQUIRED]
         assert pretrain_arguments(model=family, **options) == parse_pretrain_args(argv)
-    assert pretrain_arguments(model="bert", **options)[0].mlm_probability == 0.4
+    assert pretrain_arguments(model="bert", **options)[2].mlm_probability == 0.4
 
 
 def without_sources(printed: str) -> str:
@@ -255,7 +255,7 @@ def test_config_files_take_option_names_and_refuse_unknown_ones(tmp_path, capsys
 def test_warmup_ratio_is_an_option_alike_everywhere(tmp_path, wikitext_slice, tiny_tokenizer_dir):
     config = tmp_path / "run.yaml"
     config.write_text("model: gpt\nwarmup_ratio: 0.25\n")
-    assert parse_pretrain_args(["--config", str(config), *REQUIRED])[1].warmup_steps == 0.25
+    assert parse_pretrain_args(["--config", str(config), *REQUIRED])[3].warmup_steps == 0.25
     assert parse_pretrain_args(["--model", "gpt", *REQUIRED, "--warmup_ratio", "0.25"]) == (
         parse_pretrain_args(["--config", str(config), *REQUIRED])
     )

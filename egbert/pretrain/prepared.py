@@ -59,18 +59,20 @@ from torch.utils.data import Dataset as TorchDataset
 
 from egbert import __version__
 from egbert.arguments import arguments_from_options, parse_args
-from egbert.config import (
-    MODEL_FAMILIES,
-    PrepareArguments,
-    PretrainArguments,
-    pretraining_recipe,
-)
+from egbert.config import MODEL_FAMILIES, PrepareArguments, pretraining_recipe
 from egbert.errors import ConfigError, DataError
 from egbert.pretrain.corpus import (
     examples_from_tokens,
     file_identities,
     load_corpus,
     tokenize_for_family,
+)
+from egbert.pretrain.options import (
+    DataArguments,
+    ModelArguments,
+    ObjectiveArguments,
+    check_pretraining_options,
+    example_options,
 )
 from egbert.tokenizer import load_tokenizer
 
@@ -81,17 +83,17 @@ MANIFEST = "manifest.json"
 MAX_SHARD_TOKENS = 100_000_000
 WRITE_BATCH_EXAMPLES = 10_000
 HASH_BLOCK_BYTES = 16 * 2**20
-# PretrainArguments fields that shape only the model or the run: prepare accepts them, so that
-# one --config file serves both commands, and ignores them (its --help says so).
+# pretrain's options that shape only the model or the run: prepare accepts them, so that one
+# --config file serves both commands, and ignores them (its --help says so).
 IGNORED_OPTIONS = frozenset(
     {"preset", "init_from", "config_overrides", "allow_pickle", "max_eval_samples", "objective"}
     | {"max_train_samples", "card_datasets", "license"}
 )
-# PretrainArguments fields that change neither the examples nor where they come from.
+# Its options that change neither the examples nor where they come from.
 NOT_DATA_OPTIONS = IGNORED_OPTIONS | {"num_proc", "data", "tokenizer"}
-EXAMPLE_OPTIONS = frozenset(
-    {"nsp", "short_seq_prob", "dupe_factor", "mlm_probability", "whole_word_mask"}
-)
+# `egbert prepare`'s options: pretrain's but the trainer's, then where it writes.
+PREPARE_ARGUMENTS = (ModelArguments, DataArguments, ObjectiveArguments, PrepareArguments)
+PrepareOptions = tuple[ModelArguments, DataArguments, ObjectiveArguments, PrepareArguments]
 
 DESCRIPTION = (
     "Tokenize a corpus once into a folder of memory-mapped shards of a family's examples, for "
@@ -120,23 +122,22 @@ def main(argv: list[str] | None = None) -> None:
 
 def prepare_corpus(**options: Any) -> dict[str, Any]:
     """`egbert prepare` from Python: the keyword arguments are the command's options
-    (PretrainArguments fields such as model, tokenizer, train_files, seq_len, and output_dir,
+    (PREPARE_ARGUMENTS fields such as model, tokenizer, train_files, seq_len, and output_dir,
     seed); returns the folder's manifest (with "folder": its path)."""
     return prepare(*prepare_arguments(**options))
 
 
-def prepare_arguments(**options: Any) -> tuple[PretrainArguments, PrepareArguments]:
+def prepare_arguments(**options: Any) -> PrepareOptions:
     """The options of `prepare_corpus` as its dataclasses, the family's recipe under them."""
-    types = (PretrainArguments, PrepareArguments)
-    return arguments_from_options(types, options, examples_recipe(options))
+    types, check = PREPARE_ARGUMENTS, check_pretraining_options
+    return arguments_from_options(types, options, examples_recipe(options), check=check)
 
 
-def parse_prepare_args(argv: list[str] | None) -> tuple[PretrainArguments, PrepareArguments]:
+def parse_prepare_args(argv: list[str] | None) -> PrepareOptions:
     """`egbert prepare`'s options: the command line over the --config file over the family's
     pretraining recipe, parsed once."""
-    types = (PretrainArguments, PrepareArguments)
     return parse_args(
-        types,
+        PREPARE_ARGUMENTS,
         argv,
         "egbert prepare",
         DESCRIPTION,
@@ -144,6 +145,7 @@ def parse_prepare_args(argv: list[str] | None) -> tuple[PretrainArguments, Prepa
         recipe_keys=("model", "init_from", "output_dir"),
         recipe_choices={"model": MODEL_FAMILIES},
         notes=dict.fromkeys(IGNORED_OPTIONS, "prepare ignores it: it shapes the model or the run"),
+        check=check_pretraining_options,
     )
 
 
@@ -151,11 +153,13 @@ def examples_recipe(options: dict[str, Any]) -> dict[str, Any]:
     """The family's pretraining recipe, less the trainer's options (prepare builds examples);
     without --model, the family in --output-dir's manifest (so --verify needs no more)."""
     family = options.get("model") or _manifest_family(options.get("output_dir"))
-    known = {
-        name for cls in (PretrainArguments, PrepareArguments) for name in cls.__dataclass_fields__
-    }
+    known = {name for cls in PREPARE_ARGUMENTS for name in cls.__dataclass_fields__}
     recipe = pretraining_recipe({**options, "model": family})
-    return {k: v for k, v in recipe.items() if k in known} | ({"model": family} if family else {})
+    for name in set(recipe) - known:
+        del recipe[name]
+    if family:  # from --output-dir's manifest where no --model says it
+        recipe["model"], recipe.origins["model"] = family, f"{MANIFEST} in --output-dir"
+    return recipe
 
 
 def _manifest_family(folder: str | None) -> str | None:
@@ -168,16 +172,22 @@ def _manifest_family(folder: str | None) -> str | None:
     return family if family in MODEL_FAMILIES else None
 
 
-def prepare(args: PretrainArguments, prepare_args: PrepareArguments) -> dict[str, Any]:
+def prepare(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    objective_args: ObjectiveArguments,
+    prepare_args: PrepareArguments,
+) -> dict[str, Any]:
     """Build the examples as `egbert pretrain` would and write them to `output_dir` (nothing
     to do if it already holds them; an error naming what differs if it holds other ones).
     With `verify`: check every file of the folder in `output_dir` instead (see the module doc)."""
     target = Path(prepare_args.output_dir)
     if prepare_args.verify:
         return verify_folder(target)
-    _check_prepare_options(args)
-    tokenizer = load_tokenizer(args.tokenizer)
-    recipe = _recipe(args, prepare_args.seed, tokenizer)
+    _check_prepare_options(data_args)
+    family = model_args.model  # prepare's one option of the model: the examples' family
+    tokenizer = load_tokenizer(data_args.tokenizer)
+    recipe = _recipe(family, data_args, objective_args, prepare_args.seed, tokenizer)
     if target.exists():
         return _existing(target, recipe)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -188,12 +198,14 @@ def prepare(args: PretrainArguments, prepare_args: PrepareArguments) -> dict[str
         dtype = token_dtype(len(tokenizer))
         splits = {}
         with _datasets_cache_in(temporary / "cache"):
-            train, validation = load_corpus(args, prepare_args.seed)
+            train, validation = load_corpus(data_args, prepare_args.seed)
             for split, documents in (("train", train), ("validation", validation)):
                 if documents is None:
                     continue
-                tokenized = tokenize_for_family(args, tokenizer, documents)
-                examples = examples_from_tokens(args, tokenizer, tokenized, prepare_args.seed)
+                tokenized = tokenize_for_family(family, data_args, tokenizer, documents)
+                examples = examples_from_tokens(
+                    family, data_args, objective_args, tokenizer, tokenized, prepare_args.seed
+                )
                 splits[split] = {
                     **_corpus_counts(tokenized),
                     **write_examples(examples, temporary / split, dtype),
@@ -211,7 +223,7 @@ def prepare(args: PretrainArguments, prepare_args: PrepareArguments) -> dict[str
     return {**manifest, "folder": str(target)}
 
 
-def _check_prepare_options(args: PretrainArguments) -> None:
+def _check_prepare_options(args: DataArguments) -> None:
     if args.data:
         raise ConfigError("egbert prepare writes a folder: give --output-dir, not --data")
     if args.streaming:
@@ -242,36 +254,22 @@ def _files_hash(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def example_options(args: PretrainArguments, seed: int | None = None) -> dict[str, Any]:
-    """The options bert's examples depend on besides the corpus, the tokenizer, the family and
-    the sequence length (those that do not apply left out); with `seed` where the pairs or
-    static masks are drawn with it. gpt and elmo have none."""
-    if args.model != "bert":
-        return {}
-    options = {name: value for name, value in asdict(args).items() if name in EXAMPLE_OPTIONS}
-    if not args.nsp:
-        del options["short_seq_prob"]
-    if args.dupe_factor == 1:  # masks are then drawn per step, by the run
-        del options["mlm_probability"], options["whole_word_mask"]
-    if seed is not None and (args.nsp or args.dupe_factor > 1):
-        options["seed"] = seed
-    return options
-
-
-def _recipe(args: PretrainArguments, seed: int, tokenizer) -> dict[str, Any]:
+def _recipe(
+    family: str, data_args: DataArguments, objective_args: ObjectiveArguments, seed: int, tokenizer
+) -> dict[str, Any]:
     """The manifest's part that decides the examples: a second prepare compares it."""
     sources = {
         name: file_identities(value) if name.endswith("_files") else value
-        for name, value in asdict(args).items()
-        if name not in NOT_DATA_OPTIONS | EXAMPLE_OPTIONS | {"model", "seq_len"}
+        for name, value in asdict(data_args).items()
+        if name not in NOT_DATA_OPTIONS | {"seq_len"}
     }
     return {
         "format": FORMAT,
         "egbert_version": __version__,
-        "family": args.model,
-        "seq_len": args.seq_len,
+        "family": family,
+        "seq_len": data_args.seq_len,
         "tokenizer": {"sha256": tokenizer_hash(tokenizer), "size": len(tokenizer)},
-        "options": example_options(args, seed),
+        "options": example_options(family, objective_args, seed),
         "sources": sources,
     }
 
@@ -584,7 +582,9 @@ class PreparedFolder:
             "manifest_sha256": hashlib.sha256(manifest).hexdigest()[:16],
         }
 
-    def check_run(self, args: PretrainArguments) -> None:
+    def check_run(
+        self, family: str, args: DataArguments, objective_args: ObjectiveArguments
+    ) -> None:
         """Refuse a run whose options would build other examples than the folder holds."""
         given = [f"--{name.replace('_', '-')}" for name in ("train_files", "validation_files")]
         if args.train_files or args.validation_files or args.dataset or args.streaming:
@@ -592,12 +592,12 @@ class PreparedFolder:
                 f"--data {self.folder} holds the training and validation examples; leave out "
                 f"{', '.join(given)}, --dataset and --streaming"
             )
-        if args.model != self.family:
+        if family != self.family:
             raise ConfigError(
-                f"--data {self.folder} holds {self.family} examples, not {args.model}; pass "
+                f"--data {self.folder} holds {self.family} examples, not {family}; pass "
                 f"--model {self.family} or prepare it again"
             )
-        wanted = {"seq_len": args.seq_len, **example_options(args)}
+        wanted = {"seq_len": args.seq_len, **example_options(family, objective_args)}
         held = {"seq_len": self.seq_len}
         held |= {k: v for k, v in self.manifest["options"].items() if k != "seed"}
         differences = [
@@ -641,10 +641,12 @@ def _load_npy(path: Path, folder: Path) -> np.ndarray:
         raise DataError(f"{path}: {found}; {_damaged(folder)}") from None
 
 
-def folder_for_run(args: PretrainArguments) -> PreparedFolder:
+def folder_for_run(
+    family: str, data_args: DataArguments, objective_args: ObjectiveArguments
+) -> PreparedFolder:
     """The --data folder of a pretraining run, checked against its options."""
-    folder = PreparedFolder(args.data)
-    folder.check_run(args)
+    folder = PreparedFolder(data_args.data)
+    folder.check_run(family, data_args, objective_args)
     return folder
 
 
