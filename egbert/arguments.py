@@ -83,10 +83,10 @@ PRINT_CONFIG_HELP = (
     "print the resolved options as YAML (a file for --config) and exit; a comment on each line "
     "says where its value came from (default, recipe, config file or command line)"
 )
-COMMAND_LINE, DEFAULT = (
-    "command line",
-    "default",
-)  # sources of a value, as --print-config names them
+# Two of the sources of a value, as --print-config names them (the others: a recipe file, the
+# --config file).
+COMMAND_LINE = "command line"
+DEFAULT = "default"
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
