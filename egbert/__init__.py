@@ -33,6 +33,7 @@ _EXPORTS = {
         "EVAL_METRICS",
     ],
     "egbert.pretrain.corpus": ["build_examples"],
+    "egbert.pretrain.options": ["ModelArguments", "DataArguments", "ObjectiveArguments"],
     "egbert.embedding": ["embed", "load_model", "TokenEmbeddings", "EmbedOptions"],
     "egbert.pretrain.prepare": ["prepare_corpus"],
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
@@ -57,7 +58,6 @@ _EXPORTS = {
     "egbert.tokenizer": ["train_tokenizer", "load_tokenizer"],
     "egbert.config": [
         "TrainingArguments",
-        "PretrainArguments",
         "FinetuneArguments",
         "load_preset",
         "available_presets",

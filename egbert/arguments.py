@@ -1,12 +1,14 @@
 """The front door of every command: one argparse parser class, and parsers generated from the
-jobs' option dataclasses (`TrainingArguments`, `PretrainArguments`, ...).
+jobs' option dataclasses (`TrainingArguments`, `ModelArguments`, ...).
 
 What every command gets from it:
 - kebab-case options (`--train-files`); the underscore spelling (`--train_files`) still works
   and is left out of --help;
 - booleans as `--flag` / `--no-flag`, with `--flag true|false` also accepted;
 - `--config FILE`: a YAML/JSON mapping of option names to values, under the command line;
-- `--print-config`: print the resolved options as YAML (a file for --config) and exit;
+- `--print-config`: print the resolved options as YAML (a file for --config) and exit, each
+  line with a comment naming where its value came from: the option's default, the recipe (its
+  file and stage), the --config file, or the command line;
 - an unknown option answered with a usage line and one error line naming it and, where one is
   close, the option meant (exit code 2, no traceback).
 
@@ -23,6 +25,7 @@ import dataclasses
 import difflib
 import inspect
 import json
+import math
 import sys
 import types
 import typing
@@ -76,7 +79,14 @@ SCRIPT_HINTS = {
     "--gradient-checkpointing": "egbert lacks it; a smaller --batch-size with --grad-accum",
     "--low-cpu-mem-usage": "drop it",
 }
-PRINT_CONFIG_HELP = "print the resolved options as YAML (a file for --config) and exit"
+PRINT_CONFIG_HELP = (
+    "print the resolved options as YAML (a file for --config) and exit; a comment on each line "
+    "says where its value came from (default, recipe, config file or command line)"
+)
+# Two of the sources of a value, as --print-config names them (the others: a recipe file, the
+# --config file).
+COMMAND_LINE = "command line"
+DEFAULT = "default"
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
@@ -152,6 +162,10 @@ class ArgumentParser(argparse.ArgumentParser):
         self.hints = hints or {}
         # What --print-config still needs (the options the defaults depend on).
         self.print_needs: tuple[str, ...] = ()
+        # Where each option's value comes from, by dest, for --print-config: the sources of the
+        # defaults set (a recipe, a --config file), then the options on the command line.
+        self.sources: dict[str, str] = {}
+        self.given: set[str] = set()
         if config:
             self.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
             self.add_argument(
@@ -172,14 +186,19 @@ class ArgumentParser(argparse.ArgumentParser):
     def parse_known_args(self, args: Sequence[str] | None = None, namespace=None):
         args = self.normalize(list(sys.argv[1:] if args is None else args))
         if "--config" in self._option_string_actions:
-            self.apply_defaults(self.early_defaults(args))
+            self.apply_early_defaults(args)
         self.check_known(args)
         namespace, extras = super().parse_known_args(args, namespace)
         owns_print = "--print-config" in self._option_string_actions  # not a subcommand's
         if owns_print and getattr(namespace, "print_config", False):
-            print(yaml.safe_dump(self.resolved_options(namespace), sort_keys=False), end="")
+            options = self.resolved_options(namespace)
+            print(annotated_yaml(options, {dest: self.source_of(dest) for dest in options}), end="")
             self.exit(0)
         return namespace, extras
+
+    def source_of(self, dest: str) -> str:
+        """Where the value of option `dest` came from (see the module's docstring)."""
+        return COMMAND_LINE if dest in self.given else self.sources.get(dest, DEFAULT)
 
     def check_known(self, args: list[str]) -> None:
         """An unknown option is the error to report first, before a missing required one; with
@@ -188,14 +207,19 @@ class ArgumentParser(argparse.ArgumentParser):
         required = [action for action in self._actions if action.required]
         for action in required:
             action.required = False
+        # Every option starts unset, so that those the command line gives are told apart.
+        unset = _Unset()
+        dests = [action.dest for action in self._actions if action.dest != argparse.SUPPRESS]
+        namespace = argparse.Namespace(**dict.fromkeys(dests, unset))
         try:
-            _, extras = super().parse_known_args(args, None)
+            _, extras = super().parse_known_args(args, namespace)
         finally:
             printing = "--print-config" in args and "--print-config" in self._option_string_actions
             for action in required:
                 action.required = not printing or action.dest in self.print_needs
         if extras:
             self.error(self.unrecognized(extras))
+        self.given = {dest for dest, value in vars(namespace).items() if value is not unset}
 
     def normalize(self, args: list[str]) -> list[str]:
         """The underscore spellings (`--train_files`, `--no_nsp`) as their kebab-case option."""
@@ -211,18 +235,20 @@ class ArgumentParser(argparse.ArgumentParser):
             normalized.append(arg)
         return normalized
 
-    def early_defaults(self, args: list[str]) -> dict[str, Any]:
-        """The defaults to set before the command line is read: the --config file's values."""
-        return self.config_file_values(args)
+    def apply_early_defaults(self, args: list[str]) -> None:
+        """Set the defaults before the command line is read: the --config file's values."""
+        self.apply_defaults(*self.config_file_values(args))
 
-    def config_file_values(self, args: list[str]) -> dict[str, Any]:
+    def config_file_values(self, args: list[str]) -> tuple[dict[str, Any], str]:
+        """The --config file's values by dest (none without one), and the file as a source."""
         pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
         pre.add_argument("--config")
         known, _ = pre.parse_known_args(args)
         if not known.config:
-            return {}
+            return {}, "config file"
         path = Path(known.config)
-        return self.converted(read_config_file(path), f"config file {path}")
+        source = f"config file {path}"
+        return self.converted(read_config_file(path), source), source
 
     def converted(self, values: dict[str, Any], source: str) -> dict[str, Any]:
         """`values` (keyed by option or field name) by dest, each converted as if typed on the
@@ -255,12 +281,15 @@ class ArgumentParser(argparse.ArgumentParser):
             }
         )
 
-    def apply_defaults(self, values: dict[str, Any]) -> None:
-        """Make `values` (by dest) the defaults; an option with a value is no longer required."""
+    def apply_defaults(self, values: dict[str, Any], source: str | dict[str, str]) -> None:
+        """Make `values` (by dest) the defaults; an option with a value is no longer required.
+        `source`: where they come from (for --print-config), one for all or one per dest."""
         for action in self._actions:
             if values.get(action.dest) is not None:
                 action.required = False
         self.set_defaults(**values)
+        for dest in values:
+            self.sources[dest] = source if isinstance(source, str) else source[dest]
 
     def resolved_options(self, namespace: argparse.Namespace) -> dict[str, Any]:
         """The options as --print-config writes them: by dest, YAML-safe."""
@@ -368,6 +397,24 @@ def _convert(action: argparse.Action, value: Any, source: str) -> Any:
     return value
 
 
+class _Unset(list):
+    """The value of an option before the command line is read (a list, so that an "extend"
+    option can copy it and add to it)."""
+
+
+def annotated_yaml(options: dict[str, Any], sources: dict[str, str]) -> str:
+    """`options` as YAML, one line each (lists in brackets), each with a comment that names
+    `sources[option]`; a value written on several lines gets its comment on the line above."""
+    lines = []
+    for name, value in options.items():
+        # A list in brackets (flow style None: the collections inside a mapping), a scalar plain.
+        flow = None if isinstance(value, (list, dict)) else False
+        line = yaml.safe_dump({name: value}, default_flow_style=flow, width=math.inf).rstrip("\n")
+        comment = f"# {sources[name]}"
+        lines.append(f"{comment}\n{line}" if "\n" in line else f"{line}  {comment}")
+    return "\n".join(lines) + "\n"
+
+
 def _plain(value: Any) -> Any:
     """A value YAML writes and reads back as the same option (paths as strings)."""
     if isinstance(value, (list, tuple)):
@@ -380,13 +427,17 @@ def _plain(value: Any) -> Any:
 # ---------------------------------------------------------------- dataclass commands
 
 Recipe = Callable[[dict[str, Any]], dict[str, Any]]
+# Checks the options of several dataclasses that depend on one another (each dataclass checks
+# its own fields): called with the job's instances, in the order of its dataclass types.
+Check = Callable[..., None]
 
 
 class DataclassArgumentParser(ArgumentParser):
     """A parser whose options are the fields of `dataclass_types`, one option per field; a
     `recipe` maps the early options it names (e.g. the model family) to the job's defaults.
     `recipe_choices` ({"model": families}): without one of them, --help says which defaults
-    depend on it. `notes` ({field: text}) add to the options' help."""
+    depend on it. `notes` ({field: text}) add to the options' help. `check`: the checks across
+    the dataclasses."""
 
     def __init__(
         self,
@@ -396,10 +447,12 @@ class DataclassArgumentParser(ArgumentParser):
         recipe_keys: Sequence[str] = ("model", "init_from"),
         recipe_choices: dict[str, Sequence[str]] | None = None,
         notes: dict[str, str] | None = None,
+        check: Check | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(prog, **kwargs)
         self.dataclass_types = tuple(dataclass_types)
+        self.check = check
         self.recipe = recipe
         self.recipe_keys = tuple(recipe_keys)
         self.recipe_choices = recipe_choices or {}
@@ -414,22 +467,34 @@ class DataclassArgumentParser(ArgumentParser):
                         options["help"] = f"{options['help']} ({notes[spec.name]})"
                     group.add_argument(*names, **options)
 
-    def early_defaults(self, args: list[str]) -> dict[str, Any]:
-        """The recipe of the options it depends on (from the command line, else the file), with
-        the file's values over it."""
-        from_file = self.config_file_values(args)
-        if self.recipe is None:
-            return from_file
-        pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    def apply_early_defaults(self, args: list[str]) -> None:
+        """Set the recipe of the options it depends on (from the command line, else the file),
+        then the file's values over it."""
+        from_file, file_source = self.config_file_values(args)
+        if self.recipe is not None:
+            pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+            actions = self.actions_by_name()
+            for key in (key for key in self.recipe_keys if key in actions):
+                pre.add_argument(*actions[key].option_strings, dest=key)
+            typed, _ = pre.parse_known_args(args)
+            early = {**from_file, **{k: v for k, v in vars(typed).items() if v is not None}}
+            values = self.recipe(early)
+            self.apply_defaults(*self._recipe_defaults(values))
+            for key in set(self.recipe_choices) - set(early) - set(values):
+                self._note_defaults_of(key)
+        self.apply_defaults(from_file, file_source)
+
+    def _recipe_defaults(self, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """A recipe's values by dest, and each one's source: the recipe's file and stage where
+        the recipe knows them (`RecipeValues.origins`)."""
         actions = self.actions_by_name()
-        for key in (key for key in self.recipe_keys if key in actions):
-            pre.add_argument(*actions[key].option_strings, dest=key)
-        typed, _ = pre.parse_known_args(args)
-        early = {**from_file, **{k: v for k, v in vars(typed).items() if v is not None}}
-        recipe = self.converted(self.recipe(early), f"the {self.prog} recipe")
-        for key in set(self.recipe_choices) - set(early) - set(recipe):
-            self._note_defaults_of(key)
-        return {**recipe, **from_file}
+        origins = getattr(values, "origins", {})
+        sources = {
+            actions[name].dest: f"recipe {origins[name]}" if name in origins else "recipe"
+            for name in values
+            if name in actions
+        }
+        return self.converted(values, f"the {self.prog} recipe"), sources
 
     def _note_defaults_of(self, key: str) -> None:
         """For --help without option `key`: the options whose default depends on it say so,
@@ -447,10 +512,13 @@ class DataclassArgumentParser(ArgumentParser):
 
     def into_dataclasses(self, namespace: argparse.Namespace) -> tuple[Any, ...]:
         values = vars(namespace)
-        return tuple(
+        instances = tuple(
             cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.init})
             for cls in self.dataclass_types
         )
+        if self.check is not None:
+            self.check(*instances)
+        return instances
 
     def resolved_options(self, namespace: argparse.Namespace) -> dict[str, Any]:
         """The dataclasses' fields once they are built (and validated)."""
@@ -523,7 +591,8 @@ def parse_args(
     """Parse `argv` once into instances of `dataclass_types`. Each option's value comes from the
     command line, else from `--config FILE`, else from `recipe` (the job's defaults for the
     options it reads, e.g. the family's), else from `defaults`, else from its dataclass.
-    `parser_options`: DataclassArgumentParser's (recipe_keys, recipe_choices, notes, hints)."""
+    `parser_options`: DataclassArgumentParser's (recipe_keys, recipe_choices, notes, hints,
+    check)."""
     parser = DataclassArgumentParser(
         dataclass_types,
         prog,
@@ -533,7 +602,7 @@ def parse_args(
         **parser_options,
     )
     if defaults:
-        parser.apply_defaults(parser.converted(defaults, f"the {prog} defaults"))
+        parser.apply_defaults(parser.converted(defaults, f"the {prog} defaults"), DEFAULT)
     return parser.into_dataclasses(parser.parse_args(argv))
 
 
@@ -551,9 +620,11 @@ def arguments_from_options(
     dataclass_types: tuple[type, ...],
     options: dict[str, Any],
     defaults: dict[str, Any] | None = None,
+    check: Check | None = None,
 ) -> tuple[Any, ...]:
     """The job's dataclasses from keyword arguments (the Python API of a command): each option
-    goes to the dataclass with that field (or an alias of it); `defaults` sit under `options`."""
+    goes to the dataclass with that field (or an alias of it); `defaults` sit under `options`;
+    `check`: the checks across the dataclasses, as the command line's."""
     aliases = option_aliases(dataclass_types)
     values = {aliases.get(name, name): value for name, value in (defaults or {}).items()}
     values |= {aliases.get(name, name): value for name, value in options.items()}
@@ -563,10 +634,13 @@ def arguments_from_options(
         raise ConfigError(
             f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}"
         )
-    return tuple(
+    instances = tuple(
         cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
         for cls in dataclass_types
     )
+    if check is not None:
+        check(*instances)
+    return instances
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

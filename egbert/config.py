@@ -1,6 +1,6 @@
 """Run configurations: dataclasses whose fields are the command-line options of a job
-(`TrainingArguments` for the shared trainer, `PretrainArguments`, ...), and the files that give
-them values.
+(`TrainingArguments` for the shared trainer, `FinetuneArguments`, ...; pretraining's, by concern,
+are in egbert.pretrain.options), and the files that give them values.
 
 Every field is an option (`--seq-len 128`; egbert.arguments builds the parser), and any of them
 can come from a YAML or JSON file instead (`--config run.yaml`, a flat mapping of field names);
@@ -18,8 +18,7 @@ from typing import Any
 
 import yaml
 
-# parse_args and arguments_from_options are importable from here too (where they were defined).
-from egbert.arguments import arguments_from_options, parse_args, read_config_file  # noqa: F401
+from egbert.arguments import read_config_file
 from egbert.errors import ConfigError
 from egbert.models.families import MODEL_FAMILIES
 from egbert.models.heads import CLASSIFIER_FEATURES, CLASSIFIER_POOLS
@@ -29,8 +28,6 @@ SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # `--report-to`: Accelerate's trackers by name, or none
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "none")
-BERT_OBJECTIVES = ("mlm", "rtd")
-DOC_BOUNDARIES = ("blank", "wikitext", "line", "file")
 
 
 @dataclass
@@ -250,242 +247,8 @@ class TrainingArguments:
 
 
 @dataclass
-class PretrainArguments:
-    """What to pretrain and on which data (the trainer's options are `TrainingArguments`)."""
-
-    _argument_group_name = "model and data"
-    _aliases = {  # run_mlm.py's and run_clm.py's names
-        "seq_len": ["--block-size", "--max-seq-length"],
-        "num_proc": ["--preprocessing-num-workers"],
-        "init_from": ["--model-name-or-path"],
-    }
-
-    model: str = field(
-        metadata={"help": "model family to pretrain", "choices": list(MODEL_FAMILIES)}
-    )
-    tokenizer: str | None = field(
-        default=None,
-        metadata={"help": "tokenizer directory (egbert tokenizer train); with --data: its own"},
-    )
-    data: str | None = field(
-        default=None,
-        metadata={
-            "help": "train from a folder of `egbert prepare` (tokenized once) instead of "
-            "--train-files/--validation-files"
-        },
-    )
-    train_files: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "training files, read by extension: text (.txt, .tokens, ...; also .gz .bz2 "
-            ".xz .zst), .jsonl/.json/.csv/.parquet (one row a document), or a data set folder "
-            "(save_to_disk, or files load_dataset reads)"
-        },
-    )
-    preset: str = field(
-        default="tiny",
-        metadata={
-            "help": "model size: tiny | mini | small | base, or a YAML file of config kwargs"
-        },
-    )
-    init_from: str | None = field(
-        default=None,
-        metadata={"help": "start from this saved model directory instead of random weights"},
-    )
-    config_overrides: str | None = field(
-        default=None,
-        metadata={
-            "help": "change fields of the preset's model config, as transformers' run_mlm.py "
-            "does: 'pre_layernorm=true,hidden_dropout_prob=0' (a fresh model only)"
-        },
-    )
-    allow_pickle: bool = field(
-        default=False,
-        metadata={
-            "help": "with --init-from: also load a pickle checkpoint (pytorch_model.bin, *.pt), "
-            "with torch.load(weights_only=True); only for files you trust"
-        },
-    )
-    dataset: str | None = field(
-        default=None,
-        metadata={
-            "help": "a Hub data set to train on (e.g. Salesforce/wikitext), or its local copy: a "
-            "folder of its files or a save_to_disk folder"
-        },
-    )
-    dataset_config: str | None = field(
-        default=None, metadata={"help": "--dataset's configuration (e.g. wikitext-103-raw-v1)"}
-    )
-    split: str = field(default="train", metadata={"help": "--dataset's split to train on"})
-    text_column: str | None = field(
-        default=None,
-        metadata={
-            "help": "the column of the text in tables and data sets (default: the only string "
-            "column, else one named text, content or document)"
-        },
-    )
-    source_weights: list[float] = field(
-        default_factory=list,
-        metadata={
-            "help": "mix the sources (each of --train-files, then --dataset) with these weights, "
-            "one per source (datasets.interleave_datasets; smaller sources repeat until every "
-            "one is read through); without: one after the other"
-        },
-    )
-    validation_files: list[str] = field(
-        default_factory=list,
-        metadata={"help": "files for evaluation (the same kinds as --train-files)"},
-    )
-    validation_split: str | None = field(
-        default=None, metadata={"help": "evaluate on this split of --dataset (e.g. validation)"}
-    )
-    validation_split_percentage: float | None = field(
-        default=None,
-        metadata={
-            "help": "hold out this percentage of the training documents for evaluation, "
-            "chosen by a hash of each document's text (run_mlm.py's name for it)"
-        },
-    )
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "train on the first N training examples only"}
-    )
-    max_eval_samples: int | None = field(
-        default=None,
-        metadata={"help": "evaluate on the first N examples of the validation files only"},
-    )
-    doc_boundary: str = field(
-        default="blank",
-        metadata={
-            "help": "what separates documents: blank lines, WikiText ' = Title = ' lines, "
-            "each line, or each file",
-            "choices": list(DOC_BOUNDARIES),
-        },
-    )
-    encoding: str = field(default="utf-8", metadata={"help": "text encoding of the files"})
-    encoding_errors: str = field(
-        default="strict",
-        metadata={"help": "on undecodable bytes: strict (stop and say where) | replace | ignore"},
-    )
-    seq_len: int = field(default=128, metadata={"help": "tokens per example"})
-    nsp: bool = field(default=True, metadata={"help": "bert: next-sentence prediction pairs"})
-    objective: str = field(
-        default="mlm",
-        metadata={
-            "help": "bert: mlm (masked LM, BERT) or rtd (replaced token detection, ELECTRA: a "
-            "small generator fills the masks and the encoder learns which tokens it replaced; "
-            "the generator's size and loss weight are the model config's generator_size_ratio "
-            "and rtd_loss_weight; needs --nsp false)",
-            "choices": list(BERT_OBJECTIVES),
-        },
-    )
-    mlm_probability: float = field(default=0.15, metadata={"help": "bert: share of masked tokens"})
-    whole_word_mask: bool = field(default=False, metadata={"help": "bert: mask whole words"})
-    dupe_factor: int = field(
-        default=1,
-        metadata={
-            "help": "bert: N > 1 makes N copies of the examples (with NSP: N different pairings), "
-            "each masked once, differently, as BERT's original data (default 1: dynamic masks, "
-            "new each epoch); gpt and elmo refuse it"
-        },
-    )
-    short_seq_prob: float = field(
-        default=0.1, metadata={"help": "bert: share of shorter-than-seq-len pairs"}
-    )
-    streaming: bool = field(
-        default=False,
-        metadata={
-            "help": "stream the corpus instead of caching it in Arrow (needs --max-steps or "
-            "--budget-minutes; each process reads its own shards)"
-        },
-    )
-    shuffle_buffer: int | None = field(
-        default=None,
-        metadata={
-            "help": "with --streaming: shuffle examples in a buffer of this many (default: in "
-            "order); a resume starts with an empty buffer"
-        },
-    )
-    card_datasets: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "Hub ids of the training corpora for the model card's metadata (e.g. "
-            "Salesforce/wikitext); the Hub refuses local paths there"
-        },
-    )
-    license: str = field(default="apache-2.0", metadata={"help": "the model card's license"})
-    num_proc: int | None = field(default=None, metadata={"help": "processes for tokenization"})
-
-    def __post_init__(self) -> None:
-        if self.model not in MODEL_FAMILIES:
-            raise ConfigError(f"unknown --model {self.model!r}; use one of {MODEL_FAMILIES}")
-        if self.objective not in BERT_OBJECTIVES:
-            raise ConfigError(
-                f"unknown --objective {self.objective!r}; use one of {BERT_OBJECTIVES}"
-            )
-        if self.objective == "rtd" and (self.model != "bert" or self.nsp):
-            raise ConfigError(
-                "--objective rtd pretrains a bert encoder without next-sentence prediction; "
-                "use it with --model bert --nsp false"
-            )
-        if self.seq_len < 8:
-            raise ConfigError(f"--seq-len must be at least 8, got {self.seq_len}")
-        if not 0 < self.mlm_probability < 1:
-            raise ConfigError(f"--mlm-probability must be in (0, 1), got {self.mlm_probability}")
-        for name in ("max_train_samples", "max_eval_samples"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(
-                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
-                )
-        if self.dupe_factor < 1:
-            raise ConfigError(f"--dupe-factor must be >= 1, got {self.dupe_factor}")
-        if self.dupe_factor > 1 and self.model != "bert":
-            raise ConfigError(
-                f"--dupe-factor {self.dupe_factor}: static-masked copies are for bert's masked "
-                f"LM; {self.model} reads each block once an epoch, so drop the option"
-            )
-        if not 0 <= self.short_seq_prob <= 1:
-            raise ConfigError(f"--short-seq-prob must be in [0, 1], got {self.short_seq_prob}")
-        self._check_data_options()
-        if self.config_overrides and self.init_from:
-            raise ConfigError(
-                "--config-overrides changes a fresh model's config; a model from --init-from "
-                "keeps its own (edit its config.json, or drop one of the two options)"
-            )
-
-    def _check_data_options(self) -> None:
-        held_out = [
-            name
-            for name, given in (
-                ("--validation-files", bool(self.validation_files)),
-                ("--validation-split", self.validation_split is not None),
-                ("--validation-split-percentage", self.validation_split_percentage is not None),
-            )
-            if given
-        ]
-        if len(held_out) > 1:
-            raise ConfigError(f"{' and '.join(held_out)}: choose one source of validation data")
-        if self.validation_split is not None and not self.dataset:
-            raise ConfigError("--validation-split names a split of --dataset; pass --dataset too")
-        if self.shuffle_buffer is not None and (not self.streaming or self.shuffle_buffer < 1):
-            raise ConfigError(
-                "--shuffle-buffer N (N >= 1) shuffles a stream: use it with --streaming (a "
-                "cached data set is shuffled by the sampler)"
-            )
-        if self.streaming and self.dupe_factor > 1:
-            raise ConfigError(
-                "--dupe-factor makes static-masked copies of a cached data set; a stream is "
-                "masked anew at each step: drop --dupe-factor or --streaming"
-            )
-        if self.streaming and self.num_proc is not None:
-            raise ConfigError(
-                "--num-proc tokenizes a cached data set in parallel; a stream is tokenized as "
-                "it is read, by each training process: drop --num-proc (or launch more processes)"
-            )
-
-
-@dataclass
 class PrepareArguments:
-    """Where `egbert prepare` writes its folder (what it prepares: `PretrainArguments`)."""
+    """Where `egbert prepare` writes its folder (what it prepares: egbert.pretrain.options)."""
 
     _argument_group_name = "prepared folder"
 
@@ -656,26 +419,39 @@ RECIPE_STAGES = ("pretrain", "finetune")
 RECIPE_STAGES += ("quickstart-pretrain", "quickstart-finetune", "quickstart-probe")
 
 
-def load_recipe(family: str | None, stage: str) -> dict[str, Any]:
+class RecipeValues(dict):
+    """A recipe's option values (option name -> value), and where each was written: `origins`
+    (option name -> "egbert/configs/recipes/bert.yaml [pretrain]"), which --print-config names."""
+
+    def __init__(self, values: dict[str, Any] | None = None, origins: dict[str, str] | None = None):
+        super().__init__(values or {})
+        self.origins = dict(origins or {})
+
+
+def load_recipe(family: str | None, stage: str) -> RecipeValues:
     """The defaults of `family` (None: any family) for `stage`: egbert/configs/recipes/common.yaml's
     section of that stage with the family's file's over it, as option names -> values."""
     if stage not in RECIPE_STAGES:
         raise ConfigError(f"unknown recipe stage {stage!r}; use one of {RECIPE_STAGES}")
     if family is not None and family not in MODEL_FAMILIES:
         raise ConfigError(f"unknown model family {family!r}; use one of {MODEL_FAMILIES}")
-    recipe: dict[str, Any] = {}
+    recipe = RecipeValues()
     for name in ("common", family):
         if name is not None:
             resource = resources.files("egbert") / "configs" / "recipes" / f"{name}.yaml"
             sections = yaml.safe_load(resource.read_text(encoding="utf-8")) or {}
-            recipe |= sections.get(stage) or {}
+            section = sections.get(stage) or {}
+            recipe |= section
+            recipe.origins |= dict.fromkeys(
+                section, f"egbert/configs/recipes/{name}.yaml [{stage}]"
+            )
     return recipe
 
 
-def pretraining_recipe(options: dict[str, Any]) -> dict[str, Any]:
+def pretraining_recipe(options: dict[str, Any]) -> RecipeValues:
     """The pretraining defaults of the family in options["model"] (none without a known one)."""
     if options.get("model") not in MODEL_FAMILIES:
-        return {}
+        return RecipeValues()
     recipe = load_recipe(options["model"], "pretrain")
     if options.get("init_from"):  # a model from --init-from keeps its own config
         recipe.pop("config_overrides", None)

@@ -33,16 +33,17 @@ MODEL_CLASSES = {
 def examples(family: str, tokenizer, files: list[str], limit: int, mlm: float):
     """The family's first `limit` evaluation examples of `files` and their collator, built as
     `egbert pretrain` builds them (seed 0; bert's masks at `mlm`)."""
-    args = egbert.PretrainArguments(
-        model=family,
+    data_args = egbert.DataArguments(
         tokenizer=tokenizer.name_or_path,
         train_files=files,
         doc_boundary="wikitext",
         encoding_errors="replace",
         seq_len=SEQ_LEN[family],
-        mlm_probability=mlm,
     )
-    built, collator = egbert.build_examples(args, tokenizer, files, seed=0)
+    objective_args = egbert.ObjectiveArguments(mlm_probability=mlm)
+    built, collator = egbert.build_examples(
+        family, data_args, objective_args, tokenizer, files, seed=0
+    )
     return built.select(range(min(limit, len(built)))), collator
 
 

@@ -180,7 +180,9 @@ def recipe_record(family: str = "bert") -> dict[str, Any]:
 
 def recipe_arguments(
     preset: str, changes: dict[str, Any] | None = None, family: str = "bert"
-) -> tuple[egbert.PretrainArguments, egbert.TrainingArguments]:
+) -> tuple[
+    egbert.ModelArguments, egbert.DataArguments, egbert.ObjectiveArguments, egbert.TrainingArguments
+]:
     """`egbert.run_pretraining`'s options under the family's recipe with `changes` over it, as
     it resolves them (files and folders left blank)."""
     blank = {"model": family, "tokenizer": "", "train_files": [], "output_dir": ""}
@@ -197,13 +199,13 @@ def use_bf16() -> bool:
 
 def recipe_value(candidate: Candidate, preset: str) -> Any:
     """What egbert's recipe uses for the candidate's (first) field."""
-    pretrain_args, training_args = recipe_arguments(preset)
+    parts = recipe_arguments(preset)
     name = candidate.fields[0]
     if candidate.in_model_config:
         config = egbert.CONFIG_CLASSES["bert"](**egbert.load_preset("bert", preset))
-        egbert.apply_config_overrides(config, pretrain_args.config_overrides)
+        egbert.apply_config_overrides(config, parts[0].config_overrides)
         return getattr(config, name)
-    return getattr(pretrain_args if hasattr(pretrain_args, name) else training_args, name)
+    return getattr(next(part for part in parts if hasattr(part, name)), name)
 
 
 def plan_ablation(name: str, preset: str) -> dict[str, Any]:
@@ -329,9 +331,9 @@ def save_scratch(
         print(f"  {label}: reusing {run_dir}", flush=True)
         return run_dir
     tokenizer = egbert.load_tokenizer(tokenizer_dir)
-    pretrain_args, _ = recipe_arguments(preset, family=family)
+    model_args, _, objective_args, _ = recipe_arguments(preset, family=family)
     set_seed(SEED)
-    model, _ = egbert.build_model(pretrain_args, tokenizer)
+    model, _ = egbert.build_model(model_args, objective_args, tokenizer)
     return egbert.save_untrained(model, tokenizer, run_dir)
 
 

@@ -182,8 +182,9 @@ def checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
 def model_weight_names(family: str, tokenizer: Path) -> set[str]:
     """Every weight of the family's tiny model but those tied to another (saved once, tied
     again on loading)."""
-    arguments = egbert.PretrainArguments(model=family, tokenizer="", train_files=[], preset="tiny")
-    model, _ = egbert.build_model(arguments, egbert.load_tokenizer(tokenizer))
+    model_args = egbert.ModelArguments(model=family, preset="tiny")
+    objective_args = egbert.ObjectiveArguments()  # bert with its NSP head, as it pretrains
+    model, _ = egbert.build_model(model_args, objective_args, egbert.load_tokenizer(tokenizer))
     return set(model.state_dict()) - set(getattr(model, "_tied_weights_keys", None) or {})
 
 

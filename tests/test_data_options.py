@@ -59,13 +59,19 @@ def plain(example: dict) -> dict:
     return {name: np.asarray(value).tolist() for name, value in example.items()}
 
 
+def data_of(model_args, data_args, objective_args, training_args):
+    """The examples a pretraining run of these options gets (`pretraining_data`)."""
+    tokenizer = load_tokenizer(data_args.tokenizer)
+    parts = (model_args.model, data_args, objective_args, tokenizer)
+    return pretraining_data(*parts, training_args.seed, None)
+
+
 def built(command: str, out: Path, argv: list[str]) -> tuple[list[dict], list[dict] | None]:
     """The training and validation examples of `egbert COMMAND ARGV --output-dir OUT`: those
     pretrain's run gets, or those prepare's folder holds."""
     argv = [*argv, "--output-dir", str(out)]
     if command == "pretrain":
-        args, training = parse_pretrain_args(argv)
-        data = pretraining_data(args, load_tokenizer(args.tokenizer), training.seed, None)
+        data = data_of(*parse_pretrain_args(argv))
         train, validation = data.train, data.eval
     else:
         folder = PreparedFolder(prepare(*parse_prepare_args(argv))["folder"])
@@ -328,8 +334,8 @@ def test_a_stream_reads_the_examples_as_it_trains(tiny_tokenizer_dir, reference,
     corpus = tmp_path / "lines.txt"
     corpus.write_text("\n".join(SENTENCES * 3) + "\n", encoding="utf-8")
     argv = gpt_argv(tiny_tokenizer_dir, "--train-files", str(corpus), "--doc-boundary", "line")
-    args, training = parse_pretrain_args([*argv, "--streaming", "--output-dir", str(tmp_path)])
-    stream = pretraining_data(args, load_tokenizer(args.tokenizer), training.seed, None).train
+    parsed = parse_pretrain_args([*argv, "--streaming", "--output-dir", str(tmp_path)])
+    stream = data_of(*parsed).train
     assert isinstance(stream, datasets.IterableDataset)
     assert not list((tmp_path / "hf-cache").rglob("*.arrow"))  # nothing cached
     assert input_ids(map(plain, stream)) == gpt_blocks(reference, SENTENCES * 3)
@@ -345,8 +351,7 @@ def test_shuffle_buffer_shuffles_a_stream_within_the_buffer(tiny_tokenizer_dir, 
     argv += ["--streaming", "--output-dir", str(tmp_path)]
     examples = {}
     for buffer in ([], ["--shuffle-buffer", "4"]):
-        args, training = parse_pretrain_args([*argv, *buffer])
-        stream = pretraining_data(args, load_tokenizer(args.tokenizer), training.seed, None).train
+        stream = data_of(*parse_pretrain_args([*argv, *buffer])).train
         examples[bool(buffer)] = [tuple(example["input_ids"]) for example in stream]
     read, shuffled = examples[False], examples[True]
     assert len(read) > 50 and sorted(shuffled) == sorted(read)
@@ -467,8 +472,7 @@ def masked_examples(command: str, out: Path, argv: list[str]) -> list[dict]:
     if command == "prepare":
         examples, _ = built(command, out / "folder", [*argv, "--dupe-factor", "2"])
         return examples
-    args, training = parse_pretrain_args([*argv, "--output-dir", str(out)])
-    data = pretraining_data(args, load_tokenizer(args.tokenizer), training.seed, None)
+    data = data_of(*parse_pretrain_args([*argv, "--output-dir", str(out)]))
     examples = [plain(example) for example in data.train]
     batch = data.collator([{"input_ids": example["input_ids"]} for example in examples])
     return [

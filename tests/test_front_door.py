@@ -65,9 +65,9 @@ def test_old_spellings_stay_aliases_of_the_kebab_case_options():
         argv = ["--model", "bert", "--tokenizer", "tok", "--train_files", "a.txt"]
         argv += ["--output_dir", "out", *old, "--bf16", "false"]
         assert parse_pretrain_args(argv) == new
-    assert new[0].nsp is False and new[0].train_files == ["a.txt"] and new[1].bf16 is False
-    assert parse_pretrain_args(["--model", "gpt", *REQUIRED, "--bf16"])[1].bf16 is True
-    assert parse_pretrain_args(["--model", "gpt", *REQUIRED, "--nsp", "true"])[0].nsp is True
+    assert new[2].nsp is False and new[1].train_files == ["a.txt"] and new[3].bf16 is False
+    assert parse_pretrain_args(["--model", "gpt", *REQUIRED, "--bf16"])[3].bf16 is True
+    assert parse_pretrain_args(["--model", "gpt", *REQUIRED, "--nsp", "true"])[2].nsp is True
 
 
 def option_help(text: str) -> dict[str, str]:
@@ -103,7 +103,7 @@ def test_help_lists_kebab_case_first_and_the_familys_own_defaults(capsys):
 def test_validation_sees_the_familys_batch_size():
     # bert's batch is 16, so a ramp to 32 is a multiple larger than it (refused before: the
     # first of two parses checked it against the trainer's batch of 32).
-    _, training = parse_pretrain_args(["--model", "bert", *REQUIRED, "--batch-ramp-to", "32"])
+    *_, training = parse_pretrain_args(["--model", "bert", *REQUIRED, "--batch-ramp-to", "32"])
     assert training.batch_size == 16 and training.batch_ramp_to == 32
     with pytest.raises(ConfigError, match="a multiple of --batch-size 32 larger than it"):
         parse_pretrain_args(["--model", "gpt", *REQUIRED, "--batch-ramp-to", "32"])
@@ -114,19 +114,36 @@ def test_the_python_api_gets_the_recipe_of_the_command_line():
     for family in ("bert", "gpt", "elmo"):
         argv = ["--model", family, *REQUIRED]
         assert pretrain_arguments(model=family, **options) == parse_pretrain_args(argv)
-    assert pretrain_arguments(model="bert", **options)[0].mlm_probability == 0.4
+    assert pretrain_arguments(model="bert", **options)[2].mlm_probability == 0.4
+
+
+def without_sources(printed: str) -> str:
+    """--print-config's YAML less the comments that name each value's source."""
+    return "\n".join(line.partition("  # ")[0] for line in printed.splitlines())
+
+
+def printed_sources(printed: str) -> dict[str, str]:
+    """{option: the source its --print-config line names}."""
+    return {
+        line.partition(":")[0]: line.partition("  # ")[2]
+        for line in printed.splitlines()
+        if "  # " in line
+    }
 
 
 def _round_trip(argv: list[str], tmp_path: Path, capsys) -> dict:
-    """--print-config's YAML, checked to come back the same through --config."""
+    """--print-config's YAML, checked to come back the same through --config (every value then
+    from that file)."""
     code, printed, _ = run_cli([*argv, "--print-config"], capsys)
     assert code == 0, printed
     config = tmp_path / f"{argv[0]}.yaml"
     config.write_text(printed, encoding="utf-8")
     words = argv[:2] if argv[0] == "tokenizer" else argv[:1]
     code, again, _ = run_cli([*words, "--config", str(config), "--print-config"], capsys)
-    assert code == 0 and again == printed
-    return yaml.safe_load(printed)
+    assert code == 0 and without_sources(again) == without_sources(printed)
+    options = yaml.safe_load(printed)
+    assert printed_sources(again) == dict.fromkeys(options, f"config file {config}")
+    return options
 
 
 ROUND_TRIPPED = [*COMMANDS, "tokenizer train", "tokenizer stats"]
@@ -191,6 +208,39 @@ def test_print_config_round_trips_through_config(tmp_path, capsys):
     assert _round_trip(push, tmp_path, capsys)["dry_run"] is True
 
 
+def test_print_config_names_where_each_value_came_from(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("model: bert\nlr: 0.002\nvalidation_files: [v.txt]\n")
+    argv = ["pretrain", "--config", str(config), *REQUIRED, "--block-size", "64"]
+    code, printed, _ = run_cli([*argv, "--print-config"], capsys)
+    sources = printed_sources(printed)
+    assert code == 0 and len(sources) == len(yaml.safe_load(printed))
+    recipe = "recipe egbert/configs/recipes/bert.yaml [pretrain]"
+    assert sources["seq_len"] == sources["tokenizer"] == sources["output_dir"] == "command line"
+    assert sources["train_files"] == "command line"
+    assert (
+        sources["lr"] == sources["model"] == sources["validation_files"] == f"config file {config}"
+    )
+    assert sources["mlm_probability"] == sources["batch_size"] == recipe
+    assert sources["preset"] == sources["adam_beta1"] == sources["nsp"] == "default"
+    # a value given as its default is still the command line's; the recipe's under a file's
+    code, printed, _ = run_cli([*argv, "--preset", "tiny", "--print-config"], capsys)
+    assert printed_sources(printed)["preset"] == "command line"
+    config.write_text("model: bert\nmlm_probability: 0.2\n")
+    code, printed, _ = run_cli([*argv, "--print-config"], capsys)
+    assert printed_sources(printed)["mlm_probability"] == f"config file {config}"
+    # a command without a recipe: the function's defaults, the command line, an option given twice
+    code, printed, _ = run_cli(["probe", "--model", "m", "--task", "rte", "--task", "sst2",
+                                "--print-config"], capsys)  # fmt: skip
+    sources = printed_sources(printed)
+    assert sources["tasks"] == sources["model_dir"] == "command line"
+    assert sources["features"] == sources["seed"] == "default"
+    # common.yaml's stage, for a model of no family
+    code, printed, _ = run_cli(["finetune", "--model", "m", "--output-dir", "o", "--print-config"],
+                               capsys)  # fmt: skip
+    assert printed_sources(printed)["lr"] == "recipe egbert/configs/recipes/common.yaml [finetune]"
+
+
 def test_config_files_take_option_names_and_refuse_unknown_ones(tmp_path, capsys):
     config = tmp_path / "probe.json"
     config.write_text(json.dumps({"model": "m", "task": ["rte"], "data-dir": "g", "seed": 3}))
@@ -206,7 +256,7 @@ def test_config_files_take_option_names_and_refuse_unknown_ones(tmp_path, capsys
 def test_warmup_ratio_is_an_option_alike_everywhere(tmp_path, wikitext_slice, tiny_tokenizer_dir):
     config = tmp_path / "run.yaml"
     config.write_text("model: gpt\nwarmup_ratio: 0.25\n")
-    assert parse_pretrain_args(["--config", str(config), *REQUIRED])[1].warmup_steps == 0.25
+    assert parse_pretrain_args(["--config", str(config), *REQUIRED])[3].warmup_steps == 0.25
     assert parse_pretrain_args(["--model", "gpt", *REQUIRED, "--warmup_ratio", "0.25"]) == (
         parse_pretrain_args(["--config", str(config), *REQUIRED])
     )

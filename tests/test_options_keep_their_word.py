@@ -142,7 +142,9 @@ def test_finetune_with_a_batch_ramp_evaluates_where_epochs_end(
 # ---------------------------------------------------------------- item 3: what --resume allows
 
 REQUIRED = {
-    "PretrainArguments": {"model": "bert", "tokenizer": "tok", "train_files": ["a.txt"]},
+    "ModelArguments": {"model": "bert"},
+    "DataArguments": {"tokenizer": "tok", "train_files": ["a.txt"]},
+    "ObjectiveArguments": {},
     "TrainingArguments": {"output_dir": "out"},
     "FinetuneArguments": {"model": "model-dir"},
 }
@@ -164,11 +166,11 @@ def changed_value(value):
 def every_option() -> list[tuple[str, str, object]]:
     from dataclasses import asdict
 
-    from egbert import config
+    import egbert
 
     found = []
     for name, required in REQUIRED.items():
-        defaults = asdict(getattr(config, name)(**required))
+        defaults = asdict(getattr(egbert, name)(**required))
         found += [(name, field, value) for field, value in defaults.items()]
     return found
 
@@ -209,12 +211,12 @@ def test_the_allow_list_names_only_real_options():
 def test_a_pretraining_checkpoint_holds_every_option(small_corpus, tiny_tokenizer_dir, tmp_path):
     from dataclasses import fields
 
-    from egbert.config import PretrainArguments, TrainingArguments
+    from egbert.pretrain.run import PRETRAIN_ARGUMENTS
 
     out = tmp_path / "run"
     run_pretraining(**tiny_run("gpt", tiny_tokenizer_dir, small_corpus, out, max_steps=2))
     state = json.loads((out / "checkpoints/step-2/trainer_state.json").read_text())
-    names = {f.name for cls in (PretrainArguments, TrainingArguments) for f in fields(cls)}
+    names = {f.name for cls in PRETRAIN_ARGUMENTS for f in fields(cls)}
     assert set(state["run_config"]["options"]) == names
 
 

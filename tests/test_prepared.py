@@ -78,10 +78,16 @@ def test_prepared_examples_equal_those_built_in_memory(
     run_options = options(family, tiny_tokenizer_dir, corpus, **extra)
     manifest = egbert.prepare_corpus(**run_options, output_dir=str(tmp_path / "folder"), seed=7)
     folder = PreparedFolder(tmp_path / "folder")
-    args, _ = pretrain_arguments(**run_options, output_dir=str(tmp_path / "unused"))
+    model_args, data_args, objective_args, _ = pretrain_arguments(
+        **run_options, output_dir=str(tmp_path / "unused")
+    )
     tokenizer = folder.load_tokenizer(str(tiny_tokenizer_dir))  # the same tokenizer: accepted
-    for split, files in (("train", args.train_files), ("validation", args.validation_files)):
-        in_memory, _ = build_examples(args, tokenizer, files, seed=7)
+    parts = (model_args.model, data_args, objective_args, tokenizer)
+    for split, files in (
+        ("train", data_args.train_files),
+        ("validation", data_args.validation_files),
+    ):
+        in_memory, _ = build_examples(*parts, files, seed=7)
         read_back = folder.examples(split)
         assert len(read_back) == len(in_memory) == manifest["splits"][split]["examples"] > 10
         for index in range(len(in_memory)):
@@ -137,8 +143,11 @@ def test_a_vocabulary_over_65536_is_stored_as_uint32(corpus, tmp_path):
     run_options = options("gpt", tmp_path / "big-tokenizer", corpus)
     manifest = egbert.prepare_corpus(**run_options, output_dir=str(tmp_path / "folder"))
     assert manifest["dtype"] == "uint32"
-    args, _ = pretrain_arguments(**run_options, output_dir=str(tmp_path / "unused"))
-    in_memory, _ = build_examples(args, tokenizer, args.train_files, seed=0)
+    model_args, data_args, objective_args, _ = pretrain_arguments(
+        **run_options, output_dir=str(tmp_path / "unused")
+    )
+    parts = (model_args.model, data_args, objective_args, tokenizer)
+    in_memory, _ = build_examples(*parts, data_args.train_files, seed=0)
     read_back = PreparedFolder(tmp_path / "folder").examples("train")
     assert max(max(example["input_ids"]) for example in in_memory) > 2**16
     assert [read_back[i]["input_ids"].tolist() for i in range(len(read_back))] == [

@@ -22,7 +22,7 @@ from option_coverage import proves
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from egbert.config import PretrainArguments, TrainingArguments
+from egbert.config import TrainingArguments
 from egbert.errors import CheckpointError
 from egbert.models.bert import (
     EgbertBertForMaskedLM,
@@ -33,6 +33,7 @@ from egbert.models.elmo import EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 from egbert.pretrain.prepare import parse_prepare_args, prepare_arguments
 from egbert.pretrain.run import (
+    PRETRAIN_ARGUMENTS,
     build_model,
     model_flops_per_token,
     parse_pretrain_args,
@@ -65,8 +66,8 @@ def parsed(tokenizer: Path, *argv: str, model: str = "gpt") -> tuple:
 
 
 def model_of(tokenizer: Path, *argv: str, model: str = "gpt") -> torch.nn.Module:
-    args, _ = parsed(tokenizer, *argv, model=model)
-    return build_model(args, load_tokenizer(tokenizer))[0]
+    model_args, _, objective_args, _ = parsed(tokenizer, *argv, model=model)
+    return build_model(model_args, objective_args, load_tokenizer(tokenizer))[0]
 
 
 @pytest.fixture(scope="module")
@@ -196,11 +197,12 @@ def flops_by_hand(
 def test_the_flops_per_token_of_mfu_are_counted_by_hand(
     family, argv, predictions, attention, tiny_tokenizer_dir, small_preset
 ):
-    args, _ = parsed(tiny_tokenizer_dir, *argv, model=family)
-    model = build_model(args, load_tokenizer(tiny_tokenizer_dir))[0]
+    model_args, _, objective_args, _ = parsed(tiny_tokenizer_dir, *argv, model=family)
+    model = build_model(model_args, objective_args, load_tokenizer(tiny_tokenizer_dir))[0]
+    flops_per_token = model_flops_per_token(model, family, objective_args)
     for seq_len in (16, 64):
         expected = flops_by_hand(model, seq_len, predictions, attention)
-        assert model_flops_per_token(model, args)(seq_len) == pytest.approx(expected, rel=1e-9)
+        assert flops_per_token(seq_len) == pytest.approx(expected, rel=1e-9)
 
 
 # ---------------------------------------------------------------- a run built from its options
@@ -244,8 +246,10 @@ def test_a_run_trains_and_evaluates_what_its_options_say(
 
     def examples_of(path: Path) -> list[list[int]]:
         options = ["--train-files", str(path), "--doc-boundary", "line", "--seq-len", "16"]
-        args, _ = parsed(tiny_tokenizer_dir, *options)
-        return rows(pretraining_data(args, load_tokenizer(tiny_tokenizer_dir), 11, None).train)
+        model_args, data_args, objective_args, _ = parsed(tiny_tokenizer_dir, *options)
+        tokenizer = load_tokenizer(tiny_tokenizer_dir)
+        parts = (model_args.model, data_args, objective_args, tokenizer)
+        return rows(pretraining_data(*parts, 11, None).train)
 
     assert rows(trainer.train_loader.dataset) == examples_of(corpus["train"])
     assert rows(trainer.eval_sets[""]) == examples_of(corpus["valid"])
@@ -325,11 +329,7 @@ def field_default(spec: dataclasses.Field):
 def test_the_python_api_takes_every_option_as_the_command_line_does():
     """run_pretraining(**options) and prepare_corpus(**options) get the dataclasses the command
     lines of the same options give: what the tests above prove of an option holds for both."""
-    specs = {
-        spec.name: spec
-        for cls in (PretrainArguments, TrainingArguments)
-        for spec in dataclasses.fields(cls)
-    }
+    specs = {spec.name: spec for cls in PRETRAIN_ARGUMENTS for spec in dataclasses.fields(cls)}
     given = {name for options in API_OPTIONS for name in options}
     assert given == set(specs)
     for options in API_OPTIONS:
@@ -338,7 +338,7 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
         data = {
             name: options[name]
             for name in options
-            if name in PretrainArguments.__dataclass_fields__
+            if name not in TrainingArguments.__dataclass_fields__
         }
         data |= {"output_dir": "folder", "seed": 3}
         assert prepare_arguments(**data) == parse_prepare_args(as_argv(data))

@@ -20,11 +20,18 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoTokenizer
 
 import egbert.models  # noqa: F401  (registers the Auto classes)
+from egbert.arguments import parse_args
 from egbert.cli import main as cli_main
 from egbert.commands.pretrain import main
-from egbert.config import PretrainArguments, TrainingArguments, load_preset, parse_args
+from egbert.config import TrainingArguments, load_preset
 from egbert.errors import ConfigError
-from egbert.pretrain.run import FAMILY_DEFAULTS, build_model, parse_pretrain_args
+from egbert.pretrain.options import DataArguments
+from egbert.pretrain.run import (
+    FAMILY_DEFAULTS,
+    PRETRAIN_ARGUMENTS,
+    build_model,
+    parse_pretrain_args,
+)
 from egbert.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
@@ -167,10 +174,8 @@ def test_config_overrides_change_a_fresh_models_config(corpus, tiny_tokenizer_di
         "--config-overrides",
         "pre_layernorm=true,hidden_dropout_prob=0,max_position_embeddings=64",
     ]
-    pretrain_args, _ = parse_args(
-        (PretrainArguments, TrainingArguments), [*args, *overrides], "p", ""
-    )
-    config = build_model(pretrain_args, load_tokenizer(tiny_tokenizer_dir))[0].config
+    model_args, _, objective_args, _ = parse_args(PRETRAIN_ARGUMENTS, [*args, *overrides], "p", "")
+    config = build_model(model_args, objective_args, load_tokenizer(tiny_tokenizer_dir))[0].config
     assert config.pre_layernorm is True and config.hidden_dropout_prob == 0.0
     assert config.max_position_embeddings == 64 and config.attention_probs_dropout_prob == 0.1
 
@@ -207,40 +212,43 @@ def test_config_file_sets_options_and_the_command_line_wins(tmp_path):
         "model: gpt\ntokenizer: tok\ntrain_files: [a.txt, b.txt]\noutput-dir: out\n"
         "lr: 1e-3\nseq_len: 64\nbf16: true\n"
     )
-    pretrain_args, training_args = parse_args(
-        (PretrainArguments, TrainingArguments),
+    model_args, data_args, _, training_args = parse_args(
+        PRETRAIN_ARGUMENTS,
         ["--config", str(config), "--seq-len", "32"],
         prog="egbert pretrain",
         description="",
     )
-    assert pretrain_args.model == "gpt" and pretrain_args.train_files == ["a.txt", "b.txt"]
-    assert pretrain_args.seq_len == 32 and training_args.lr == 1e-3 and training_args.bf16
+    assert model_args.model == "gpt" and data_args.train_files == ["a.txt", "b.txt"]
+    assert data_args.seq_len == 32 and training_args.lr == 1e-3 and training_args.bf16
     config.write_text("model: gpt\nlern_rate: 0.1\n")
     with pytest.raises(ConfigError, match="unknown option.*lern_rate"):
-        parse_args((PretrainArguments, TrainingArguments), ["--config", str(config)], "p", "")
+        parse_args(PRETRAIN_ARGUMENTS, ["--config", str(config)], "p", "")
 
 
 def test_family_defaults_sit_under_the_config_file_and_the_command_line(tmp_path):
     required = ["--tokenizer", "tok", "--train-files", "a.txt", "--output-dir", "out"]
-    bert_args, bert_training = parse_pretrain_args(["--model", "bert", *required])
-    elmo_args, elmo_training = parse_pretrain_args(["--model", "elmo", *required])
-    gpt_args, gpt_training = parse_pretrain_args(["--model", "gpt", *required])
+    bert_model, bert_data, bert_objective, bert_training = parse_pretrain_args(
+        ["--model", "bert", *required]
+    )
+    elmo_model, elmo_data, _, elmo_training = parse_pretrain_args(["--model", "elmo", *required])
+    gpt_model, _, _, gpt_training = parse_pretrain_args(["--model", "gpt", *required])
     assert gpt_training.lr == FAMILY_DEFAULTS["gpt"]["lr"] != TrainingArguments.lr
-    assert "attention_probs_dropout_prob=0" in gpt_args.config_overrides
+    assert "attention_probs_dropout_prob=0" in gpt_model.config_overrides
     # bert: the recipe comparison's choices, with next-sentence prediction kept
-    assert bert_args.nsp and bert_args.mlm_probability == 0.4 and bert_training.batch_size == 16
+    assert bert_objective.nsp and bert_objective.mlm_probability == 0.4
+    assert bert_training.batch_size == 16
     assert bert_training.lr == FAMILY_DEFAULTS["bert"]["lr"] != TrainingArguments.lr
-    assert "local_attention_init=true" in bert_args.config_overrides
+    assert "local_attention_init=true" in bert_model.config_overrides
     assert elmo_training.lr == FAMILY_DEFAULTS["elmo"]["lr"] != TrainingArguments.lr
-    assert elmo_args.config_overrides == FAMILY_DEFAULTS["elmo"]["config_overrides"]
-    assert elmo_args.seq_len == FAMILY_DEFAULTS["elmo"]["seq_len"] != bert_args.seq_len
-    assert parse_pretrain_args(["--model", "elmo", *required, "--seq-len", "32"])[0].seq_len == 32
-    assert parse_pretrain_args(["--model", "elmo", *required, "--lr", "1e-4"])[1].lr == 1e-4
+    assert elmo_model.config_overrides == FAMILY_DEFAULTS["elmo"]["config_overrides"]
+    assert elmo_data.seq_len == FAMILY_DEFAULTS["elmo"]["seq_len"] != bert_data.seq_len
+    assert parse_pretrain_args(["--model", "elmo", *required, "--seq-len", "32"])[1].seq_len == 32
+    assert parse_pretrain_args(["--model", "elmo", *required, "--lr", "1e-4"])[3].lr == 1e-4
     config = tmp_path / "run.yaml"
     config.write_text("model: elmo\nlr: 3e-4\n")
-    assert parse_pretrain_args(["--config", str(config), *required])[1].lr == 3e-4
+    assert parse_pretrain_args(["--config", str(config), *required])[3].lr == 3e-4
     # A model from --init-from keeps its config, so the family's overrides of a fresh one go.
-    init_args, _ = parse_pretrain_args(["--model", "elmo", *required, "--init-from", "m"])
+    init_args = parse_pretrain_args(["--model", "elmo", *required, "--init-from", "m"])[0]
     assert init_args.config_overrides is None
 
 
@@ -312,7 +320,7 @@ def test_max_eval_samples_keeps_the_first_validation_examples():
     streamed = first_examples(examples.to_iterable_dataset(), 3)
     assert [example["input_ids"] for example in streamed] == [[0], [1], [2]]
     with pytest.raises(ConfigError, match="--max-eval-samples must be >= 1"):
-        PretrainArguments(model="gpt", tokenizer="t", train_files=["a"], max_eval_samples=0)
+        DataArguments(tokenizer="t", train_files=["a"], max_eval_samples=0)
 
 
 # ---------------------------------------------------------------- the run options of run_mlm.py

@@ -80,7 +80,7 @@ def test_the_table_has_a_finite_number_for_every_model_and_task(finished_run: Pa
         assert summary["steps"] >= 1 and summary["minutes"] <= BUDGET + 0.05
         assert math.isfinite(summary["final_loss"])
         assert summary["finished_utc"].startswith(today)
-    nsp = recipe_compare.recipe_arguments("tiny")[0].nsp
+    nsp = recipe_compare.recipe_arguments("tiny")[2].nsp
     assert report["pretraining"]["egbert"]["loss"] == ("MLM + NSP" if nsp else "MLM")
     # egbert's model config fields hold while pretraining (the recipe: heads that start on their
     # neighbours, no dropout); fine-tuning gets BERT's dropout back.
@@ -183,7 +183,7 @@ def test_families_join_a_finished_folder_next_to_their_twins(finished_run: Path,
     ).read_bytes()
     # Each family's run used its recipe's block length, its family defaults included.
     pretrain_args = json.loads((pretrained / "pretrain_args.json").read_text())["pretrain"]
-    recipe = recipe_compare.recipe_arguments("tiny", family=family)[0]
+    recipe = recipe_compare.recipe_arguments("tiny", family=family)[1]
     assert pretrain_args["seq_len"] == recipe.seq_len
     # The same fine-tuning as bert's: dropout 0.1 on whichever dropout the family has.
     finetuned = json.loads(
@@ -245,12 +245,15 @@ def test_each_ablation_flips_one_choice_of_the_recipe(name: str, tiny_tokenizer_
     flipped = recipe_compare.recipe_arguments("tiny", ablation["options"])
     if candidate.in_model_config:
         tokenizer = load_tokenizer(tiny_tokenizer_dir)
-        configs = [build_model(args[0], tokenizer)[0].config for args in (recipe, flipped)]
+        configs = [build_model(args[0], args[2], tokenizer)[0].config for args in (recipe, flipped)]
         values = [[getattr(c, field) for field in candidate.fields] for c in configs]
     else:
         values = [
-            [getattr(a if hasattr(a, field) else b, field) for field in candidate.fields]
-            for a, b in (recipe, flipped)
+            [
+                getattr(next(part for part in parts if hasattr(part, field)), field)
+                for field in candidate.fields
+            ]
+            for parts in (recipe, flipped)
         ]
     assert values[1] != values[0] and len(set(values[1])) == 1
     assert candidate.label(values[1][0]) == ablation["setting"]

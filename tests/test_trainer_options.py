@@ -33,7 +33,7 @@ def options(out: Path, *argv: str) -> TrainingArguments:
     """The trainer's options of `egbert pretrain --model gpt ... ARGV` (gpt's recipe under)."""
     required = ["--model", "gpt", "--tokenizer", "tok", "--train-files", "a.txt"]
     required += ["--output-dir", str(out), "--report-to", "none", "--log-every", "1"]
-    return parse_pretrain_args([*required, *argv])[1]
+    return parse_pretrain_args([*required, *argv])[3]
 
 
 def trainer_of(args: TrainingArguments, size: int = 24, eval_size: int = 0, **model) -> Trainer:

@@ -1,6 +1,8 @@
 """A pretraining corpus from a run's options: the sources loaded, tokenized and made into the
 family's examples, with their collator. `egbert pretrain` builds them in memory (or streams
-them); `egbert prepare` builds the same examples and stores them in a prepared folder.
+them); `egbert prepare` builds the same examples and stores them in a prepared folder. Each step
+takes the family and the parts of the options it reads: the data's, the objective's
+(egbert.pretrain.options).
 """
 
 from __future__ import annotations
@@ -10,134 +12,153 @@ from typing import Any
 
 from datasets import Dataset, IterableDataset, concatenate_datasets
 
-from egbert.config import PretrainArguments
 from egbert.errors import ConfigError
 from egbert.pretrain import collators, data, sources
+from egbert.pretrain.options import DataArguments, ObjectiveArguments
 
 Documents = Dataset | IterableDataset
 
 
-def load_corpus(args: PretrainArguments, seed: int) -> tuple[Documents, Documents | None]:
+def load_corpus(data_args: DataArguments, seed: int) -> tuple[Documents, Documents | None]:
     """The training documents and the validation documents (None without validation)."""
     options = {
-        "text_column": args.text_column,
-        "doc_boundary": args.doc_boundary,
-        "encoding": args.encoding,
-        "errors": args.encoding_errors,
-        "streaming": args.streaming,
+        "text_column": data_args.text_column,
+        "doc_boundary": data_args.doc_boundary,
+        "encoding": data_args.encoding,
+        "errors": data_args.encoding_errors,
+        "streaming": data_args.streaming,
         "seed": seed,
     }
     train = sources.load_documents(
-        args.train_files,
-        dataset=args.dataset,
-        dataset_config=args.dataset_config,
-        split=args.split,
-        weights=args.source_weights or None,
+        data_args.train_files,
+        dataset=data_args.dataset,
+        dataset_config=data_args.dataset_config,
+        split=data_args.split,
+        weights=data_args.source_weights or None,
         **options,
     )
-    if args.validation_files:
-        return train, sources.load_documents(args.validation_files, **options)
-    if args.validation_split is not None:
+    if data_args.validation_files:
+        return train, sources.load_documents(data_args.validation_files, **options)
+    if data_args.validation_split is not None:
         validation = sources.load_hub_documents(
-            args.dataset,
-            args.text_column,
-            args.validation_split,
-            args.dataset_config,
-            args.streaming,
+            data_args.dataset,
+            data_args.text_column,
+            data_args.validation_split,
+            data_args.dataset_config,
+            data_args.streaming,
         )
         return train, validation
-    if args.validation_split_percentage is not None:
-        return sources.split_validation(train, args.validation_split_percentage)
+    if data_args.validation_split_percentage is not None:
+        return sources.split_validation(train, data_args.validation_split_percentage)
     return train, None
 
 
 def build_examples(
-    args: PretrainArguments, tokenizer, files: list[str], seed: int
+    family: str,
+    data_args: DataArguments,
+    objective_args: ObjectiveArguments,
+    tokenizer,
+    files: list[str],
+    seed: int,
 ) -> tuple[Dataset | IterableDataset, Any]:
     """Files (the kinds --train-files takes) -> this family's examples, and their collator."""
     documents = sources.load_documents(
         files,
-        text_column=args.text_column,
-        doc_boundary=args.doc_boundary,
-        encoding=args.encoding,
-        errors=args.encoding_errors,
-        streaming=args.streaming,
+        text_column=data_args.text_column,
+        doc_boundary=data_args.doc_boundary,
+        encoding=data_args.encoding,
+        errors=data_args.encoding_errors,
+        streaming=data_args.streaming,
         seed=seed,
     )
-    return examples_from_documents(args, tokenizer, documents, seed)
+    return examples_from_documents(family, data_args, objective_args, tokenizer, documents, seed)
 
 
 def examples_from_documents(
-    args: PretrainArguments, tokenizer, documents: Documents, seed: int
+    family: str,
+    data_args: DataArguments,
+    objective_args: ObjectiveArguments,
+    tokenizer,
+    documents: Documents,
+    seed: int,
 ) -> tuple[Dataset | IterableDataset, Any]:
     """Documents -> token ids -> this family's examples, and the collator for them."""
-    tokenized = tokenize_for_family(args, tokenizer, documents)
-    examples = examples_from_tokens(args, tokenizer, tokenized, seed)
-    return examples, build_collator(args, tokenizer, seed)
+    tokenized = tokenize_for_family(family, data_args, tokenizer, documents)
+    examples = examples_from_tokens(family, data_args, objective_args, tokenizer, tokenized, seed)
+    return examples, build_collator(family, objective_args, tokenizer, seed)
 
 
-def tokenize_for_family(args: PretrainArguments, tokenizer, documents: Documents) -> Documents:
+def tokenize_for_family(
+    family: str, data_args: DataArguments, tokenizer, documents: Documents
+) -> Documents:
     """Documents -> token ids (one row per document: its sentences' ids for bert)."""
-    check_special_tokens(args, tokenizer)
+    check_special_tokens(family, data_args.tokenizer, tokenizer)
     return data.tokenize_documents(
-        documents, tokenizer, split_sentences=args.model == "bert", num_proc=args.num_proc
+        documents, tokenizer, split_sentences=family == "bert", num_proc=data_args.num_proc
     )
 
 
 def examples_from_tokens(
-    args: PretrainArguments, tokenizer, tokenized: Documents, seed: int
+    family: str,
+    data_args: DataArguments,
+    objective_args: ObjectiveArguments,
+    tokenizer,
+    tokenized: Documents,
+    seed: int,
 ) -> Dataset | IterableDataset:
     """Tokenized documents -> this family's examples (before the collator's dynamic masking)."""
-    if args.model != "bert":
-        return data.pack_blocks(tokenized, args.seq_len, tokenizer.eos_token_id)
+    if family != "bert":
+        return data.pack_blocks(tokenized, data_args.seq_len, tokenizer.eos_token_id)
     ids = {"cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id}
-    if args.nsp:
+    if objective_args.nsp:
         examples = data.build_nsp_examples(
             tokenized,
-            args.seq_len,
-            short_seq_prob=args.short_seq_prob,
-            dupe_factor=args.dupe_factor,
+            data_args.seq_len,
+            short_seq_prob=objective_args.short_seq_prob,
+            dupe_factor=objective_args.dupe_factor,
             seed=seed,
-            num_proc=args.num_proc,
+            num_proc=data_args.num_proc,
             **ids,
         )
     else:
-        examples = data.build_mlm_examples(tokenized, args.seq_len, **ids)
-        if args.dupe_factor > 1:  # copies of the blocks, each masked differently below
-            examples = concatenate_datasets([examples] * args.dupe_factor)
-    if args.dupe_factor > 1:  # static masks, one set per duplicate, as BERT's original data
+        examples = data.build_mlm_examples(tokenized, data_args.seq_len, **ids)
+        if objective_args.dupe_factor > 1:  # copies of the blocks, each masked differently below
+            examples = concatenate_datasets([examples] * objective_args.dupe_factor)
+    if (
+        objective_args.dupe_factor > 1
+    ):  # static masks, one set per duplicate, as BERT's original data
         examples = data.add_static_masks(
             examples,
             tokenizer,
-            mlm_probability=args.mlm_probability,
-            whole_word_mask=args.whole_word_mask,
+            mlm_probability=objective_args.mlm_probability,
+            whole_word_mask=objective_args.whole_word_mask,
             seed=seed,
-            num_proc=args.num_proc,
+            num_proc=data_args.num_proc,
         )
     return examples
 
 
-def build_collator(args: PretrainArguments, tokenizer, seed: int) -> Any:
+def build_collator(family: str, objective_args: ObjectiveArguments, tokenizer, seed: int) -> Any:
     """The family's collator: batches, and masks bert's examples anew each epoch."""
-    if args.model != "bert":
+    if family != "bert":
         return collators.CausalLMCollator(tokenizer)
     return collators.MLMCollator(
         tokenizer,
-        mlm_probability=args.mlm_probability,
-        whole_word_mask=args.whole_word_mask,
+        mlm_probability=objective_args.mlm_probability,
+        whole_word_mask=objective_args.whole_word_mask,
         seed=seed,
     )
 
 
-def check_special_tokens(args: PretrainArguments, tokenizer) -> None:
+def check_special_tokens(family: str, tokenizer_name: str | None, tokenizer) -> None:
     needed = ("cls_token", "sep_token", "mask_token", "pad_token")
-    if args.model != "bert":
+    if family != "bert":
         needed = ("eos_token",)  # joins the documents of packed blocks
     missing = [name for name in needed if getattr(tokenizer, name) is None]
     if missing:
         raise ConfigError(
-            f"--tokenizer {args.tokenizer} has no {', '.join(missing)}, which --model "
-            f"{args.model} needs; train one with `egbert tokenizer train`"
+            f"--tokenizer {tokenizer_name} has no {', '.join(missing)}, which --model "
+            f"{family} needs; train one with `egbert tokenizer train`"
         )
 
 

@@ -31,12 +31,7 @@ import pyarrow.compute as pc
 
 from egbert import __version__
 from egbert.arguments import arguments_from_options, parse_args
-from egbert.config import (
-    MODEL_FAMILIES,
-    PrepareArguments,
-    PretrainArguments,
-    pretraining_recipe,
-)
+from egbert.config import MODEL_FAMILIES, PrepareArguments, pretraining_recipe
 from egbert.errors import ConfigError
 from egbert.pretrain.corpus import (
     examples_from_tokens,
@@ -44,25 +39,28 @@ from egbert.pretrain.corpus import (
     load_corpus,
     tokenize_for_family,
 )
-from egbert.pretrain.prepared_folder import (
-    EXAMPLE_OPTIONS,
-    FORMAT,
-    MANIFEST,
-    PreparedFolder,
+from egbert.pretrain.options import (
+    DataArguments,
+    ModelArguments,
+    ObjectiveArguments,
+    check_pretraining_options,
     example_options,
-    tokenizer_hash,
 )
+from egbert.pretrain.prepared_folder import FORMAT, MANIFEST, PreparedFolder, tokenizer_hash
 from egbert.pretrain.shard_writer import token_dtype, write_examples, write_manifest
 from egbert.tokenizer import load_tokenizer
 
-# PretrainArguments fields that shape only the model or the run: prepare accepts them, so that
-# one --config file serves both commands, and ignores them (its --help says so).
+# pretrain's options that shape only the model or the run: prepare accepts them, so that one
+# --config file serves both commands, and ignores them (its --help says so).
 IGNORED_OPTIONS = frozenset(
     {"preset", "init_from", "config_overrides", "allow_pickle", "max_eval_samples", "objective"}
     | {"max_train_samples", "card_datasets", "license"}
 )
-# PretrainArguments fields that change neither the examples nor where they come from.
+# Its options that change neither the examples nor where they come from.
 NOT_DATA_OPTIONS = IGNORED_OPTIONS | {"num_proc", "data", "tokenizer"}
+# `egbert prepare`'s options: pretrain's but the trainer's, then where it writes.
+PREPARE_ARGUMENTS = (ModelArguments, DataArguments, ObjectiveArguments, PrepareArguments)
+PrepareOptions = tuple[ModelArguments, DataArguments, ObjectiveArguments, PrepareArguments]
 
 DESCRIPTION = (
     "Tokenize a corpus once into a folder of memory-mapped shards of a family's examples, for "
@@ -75,23 +73,22 @@ DESCRIPTION = (
 
 def prepare_corpus(**options: Any) -> dict[str, Any]:
     """`egbert prepare` from Python: the keyword arguments are the command's options
-    (PretrainArguments fields such as model, tokenizer, train_files, seq_len, and output_dir,
+    (PREPARE_ARGUMENTS fields such as model, tokenizer, train_files, seq_len, and output_dir,
     seed); returns the folder's manifest (with "folder": its path)."""
     return prepare(*prepare_arguments(**options))
 
 
-def prepare_arguments(**options: Any) -> tuple[PretrainArguments, PrepareArguments]:
+def prepare_arguments(**options: Any) -> PrepareOptions:
     """The options of `prepare_corpus` as its dataclasses, the family's recipe under them."""
-    types = (PretrainArguments, PrepareArguments)
-    return arguments_from_options(types, options, examples_recipe(options))
+    types, check = PREPARE_ARGUMENTS, check_pretraining_options
+    return arguments_from_options(types, options, examples_recipe(options), check=check)
 
 
-def parse_prepare_args(argv: list[str] | None) -> tuple[PretrainArguments, PrepareArguments]:
+def parse_prepare_args(argv: list[str] | None) -> PrepareOptions:
     """`egbert prepare`'s options: the command line over the --config file over the family's
     pretraining recipe, parsed once."""
-    types = (PretrainArguments, PrepareArguments)
     return parse_args(
-        types,
+        PREPARE_ARGUMENTS,
         argv,
         "egbert prepare",
         DESCRIPTION,
@@ -99,6 +96,7 @@ def parse_prepare_args(argv: list[str] | None) -> tuple[PretrainArguments, Prepa
         recipe_keys=("model", "init_from", "output_dir"),
         recipe_choices={"model": MODEL_FAMILIES},
         notes=dict.fromkeys(IGNORED_OPTIONS, "prepare ignores it: it shapes the model or the run"),
+        check=check_pretraining_options,
     )
 
 
@@ -106,11 +104,13 @@ def examples_recipe(options: dict[str, Any]) -> dict[str, Any]:
     """The family's pretraining recipe, less the trainer's options (prepare builds examples);
     without --model, the family in --output-dir's manifest (so --verify needs no more)."""
     family = options.get("model") or _manifest_family(options.get("output_dir"))
-    known = {
-        name for cls in (PretrainArguments, PrepareArguments) for name in cls.__dataclass_fields__
-    }
+    known = {name for cls in PREPARE_ARGUMENTS for name in cls.__dataclass_fields__}
     recipe = pretraining_recipe({**options, "model": family})
-    return {k: v for k, v in recipe.items() if k in known} | ({"model": family} if family else {})
+    for name in set(recipe) - known:
+        del recipe[name]
+    if family:  # from --output-dir's manifest where no --model says it
+        recipe["model"], recipe.origins["model"] = family, f"{MANIFEST} in --output-dir"
+    return recipe
 
 
 def _manifest_family(folder: str | None) -> str | None:
@@ -123,16 +123,22 @@ def _manifest_family(folder: str | None) -> str | None:
     return family if family in MODEL_FAMILIES else None
 
 
-def prepare(args: PretrainArguments, prepare_args: PrepareArguments) -> dict[str, Any]:
+def prepare(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    objective_args: ObjectiveArguments,
+    prepare_args: PrepareArguments,
+) -> dict[str, Any]:
     """Build the examples as `egbert pretrain` would and write them to `output_dir` (nothing
     to do if it already holds them; an error naming what differs if it holds other ones).
     With `verify`: check every file of the folder in `output_dir` instead (`prepared_folder`)."""
     target = Path(prepare_args.output_dir)
     if prepare_args.verify:
         return verify_folder(target)
-    _check_prepare_options(args)
-    tokenizer = load_tokenizer(args.tokenizer)
-    recipe = _recipe(args, prepare_args.seed, tokenizer)
+    _check_prepare_options(data_args)
+    family = model_args.model  # prepare's one option of the model: the examples' family
+    tokenizer = load_tokenizer(data_args.tokenizer)
+    recipe = _recipe(family, data_args, objective_args, prepare_args.seed, tokenizer)
     if target.exists():
         return _existing(target, recipe)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -143,12 +149,14 @@ def prepare(args: PretrainArguments, prepare_args: PrepareArguments) -> dict[str
         dtype = token_dtype(len(tokenizer))
         splits = {}
         with _datasets_cache_in(temporary / "cache"):
-            train, validation = load_corpus(args, prepare_args.seed)
+            train, validation = load_corpus(data_args, prepare_args.seed)
             for split, documents in (("train", train), ("validation", validation)):
                 if documents is None:
                     continue
-                tokenized = tokenize_for_family(args, tokenizer, documents)
-                examples = examples_from_tokens(args, tokenizer, tokenized, prepare_args.seed)
+                tokenized = tokenize_for_family(family, data_args, tokenizer, documents)
+                examples = examples_from_tokens(
+                    family, data_args, objective_args, tokenizer, tokenized, prepare_args.seed
+                )
                 splits[split] = {
                     **_corpus_counts(tokenized),
                     **write_examples(examples, temporary / split, dtype),
@@ -166,7 +174,7 @@ def prepare(args: PretrainArguments, prepare_args: PrepareArguments) -> dict[str
     return {**manifest, "folder": str(target)}
 
 
-def _check_prepare_options(args: PretrainArguments) -> None:
+def _check_prepare_options(args: DataArguments) -> None:
     if args.data:
         raise ConfigError("egbert prepare writes a folder: give --output-dir, not --data")
     if args.streaming:
@@ -178,20 +186,22 @@ def _check_prepare_options(args: PretrainArguments) -> None:
         raise ConfigError("egbert prepare needs --tokenizer DIR (egbert tokenizer train)")
 
 
-def _recipe(args: PretrainArguments, seed: int, tokenizer) -> dict[str, Any]:
+def _recipe(
+    family: str, data_args: DataArguments, objective_args: ObjectiveArguments, seed: int, tokenizer
+) -> dict[str, Any]:
     """The manifest's part that decides the examples: a second prepare compares it."""
     sources = {
         name: file_identities(value) if name.endswith("_files") else value
-        for name, value in asdict(args).items()
-        if name not in NOT_DATA_OPTIONS | EXAMPLE_OPTIONS | {"model", "seq_len"}
+        for name, value in asdict(data_args).items()
+        if name not in NOT_DATA_OPTIONS | {"seq_len"}
     }
     return {
         "format": FORMAT,
         "egbert_version": __version__,
-        "family": args.model,
-        "seq_len": args.seq_len,
+        "family": family,
+        "seq_len": data_args.seq_len,
         "tokenizer": {"sha256": tokenizer_hash(tokenizer), "size": len(tokenizer)},
-        "options": example_options(args, seed),
+        "options": example_options(family, objective_args, seed),
         "sources": sources,
     }
 

@@ -39,23 +39,19 @@ import itertools
 import json
 import os
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset as TorchDataset
 
-from egbert.config import PretrainArguments
 from egbert.errors import ConfigError, DataError
+from egbert.pretrain.options import DataArguments, ObjectiveArguments, example_options
 from egbert.tokenizer import load_tokenizer
 
 FORMAT = "egbert-prepared/1"
 MANIFEST = "manifest.json"
 HASH_BLOCK_BYTES = 16 * 2**20
-EXAMPLE_OPTIONS = frozenset(
-    {"nsp", "short_seq_prob", "dupe_factor", "mlm_probability", "whole_word_mask"}
-)
 
 
 def tokenizer_hash(tokenizer) -> str:
@@ -70,22 +66,6 @@ def files_hash(folder: Path) -> str:
     for path in sorted(folder.iterdir()):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
-
-
-def example_options(args: PretrainArguments, seed: int | None = None) -> dict[str, Any]:
-    """The options bert's examples depend on besides the corpus, the tokenizer, the family and
-    the sequence length (those that do not apply left out); with `seed` where the pairs or
-    static masks are drawn with it. gpt and elmo have none."""
-    if args.model != "bert":
-        return {}
-    options = {name: value for name, value in asdict(args).items() if name in EXAMPLE_OPTIONS}
-    if not args.nsp:
-        del options["short_seq_prob"]
-    if args.dupe_factor == 1:  # masks are then drawn per step, by the run
-        del options["mlm_probability"], options["whole_word_mask"]
-    if seed is not None and (args.nsp or args.dupe_factor > 1):
-        options["seed"] = seed
-    return options
 
 
 def sha256_of_file(path: Path) -> Any:
@@ -213,7 +193,9 @@ class PreparedFolder:
             "manifest_sha256": hashlib.sha256(manifest).hexdigest()[:16],
         }
 
-    def check_run(self, args: PretrainArguments) -> None:
+    def check_run(
+        self, family: str, args: DataArguments, objective_args: ObjectiveArguments
+    ) -> None:
         """Refuse a run whose options would build other examples than the folder holds."""
         given = [f"--{name.replace('_', '-')}" for name in ("train_files", "validation_files")]
         if args.train_files or args.validation_files or args.dataset or args.streaming:
@@ -221,12 +203,12 @@ class PreparedFolder:
                 f"--data {self.folder} holds the training and validation examples; leave out "
                 f"{', '.join(given)}, --dataset and --streaming"
             )
-        if args.model != self.family:
+        if family != self.family:
             raise ConfigError(
-                f"--data {self.folder} holds {self.family} examples, not {args.model}; pass "
+                f"--data {self.folder} holds {self.family} examples, not {family}; pass "
                 f"--model {self.family} or prepare it again"
             )
-        wanted = {"seq_len": args.seq_len, **example_options(args)}
+        wanted = {"seq_len": args.seq_len, **example_options(family, objective_args)}
         held = {"seq_len": self.seq_len}
         held |= {k: v for k, v in self.manifest["options"].items() if k != "seed"}
         differences = [
@@ -270,10 +252,12 @@ def _load_npy(path: Path, folder: Path) -> np.ndarray:
         raise DataError(f"{path}: {found}; {_damaged(folder)}") from None
 
 
-def folder_for_run(args: PretrainArguments) -> PreparedFolder:
+def folder_for_run(
+    family: str, data_args: DataArguments, objective_args: ObjectiveArguments
+) -> PreparedFolder:
     """The --data folder of a pretraining run, checked against its options."""
-    folder = PreparedFolder(args.data)
-    folder.check_run(args)
+    folder = PreparedFolder(data_args.data)
+    folder.check_run(family, data_args, objective_args)
     return folder
 
 

@@ -36,7 +36,6 @@ from transformers import PreTrainedModel
 from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
 from egbert.config import (
     MODEL_FAMILIES,
-    PretrainArguments,
     TrainingArguments,
     apply_config_overrides,
     load_preset,
@@ -60,6 +59,12 @@ from egbert.pretrain.corpus import (
     file_identities,
     load_corpus,
 )
+from egbert.pretrain.options import (
+    DataArguments,
+    ModelArguments,
+    ObjectiveArguments,
+    check_pretraining_options,
+)
 from egbert.report import ModelCardInfo
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 from egbert.training.checkpoints import checkpoint_to_resume, refuse_changed_run
@@ -67,6 +72,9 @@ from egbert.training.runtime import check_trackers_installed
 from egbert.training.trainer import Trainer, TrainOutput
 
 CONFIG_CLASSES = {"bert": EgbertBertConfig, "gpt": EgbertGPTConfig, "elmo": EgbertElmoConfig}
+# `egbert pretrain`'s options by concern (egbert.pretrain.options), then the trainer's.
+PRETRAIN_ARGUMENTS = (ModelArguments, DataArguments, ObjectiveArguments, TrainingArguments)
+PretrainOptions = tuple[ModelArguments, DataArguments, ObjectiveArguments, TrainingArguments]
 
 DESCRIPTION = (
     "Pretrain a bert (MLM + NSP), gpt (causal LM) or elmo (biLM) model on text, table or Hub "
@@ -74,10 +82,18 @@ DESCRIPTION = (
     "has its own defaults (its recipe, egbert/configs/recipes/FAMILY.yaml): `--model FAMILY "
     "--help` shows them, --print-config every resolved option."
 )
-# Each family's pretraining defaults, from its recipe (the one place they are set).
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    family: load_recipe(family, "pretrain") for family in MODEL_FAMILIES
-}
+
+
+def family_defaults() -> dict[str, dict[str, Any]]:
+    """Each family's pretraining defaults, from its recipe (the one place they are set)."""
+    return {family: load_recipe(family, "pretrain") for family in MODEL_FAMILIES}
+
+
+def __getattr__(name: str) -> Any:
+    # FAMILY_DEFAULTS: the recipe files read when it is asked for, never at import
+    if name == "FAMILY_DEFAULTS":
+        return family_defaults()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # What each family's model is for on the Hub (the card's pipeline_tag).
@@ -85,56 +101,76 @@ PIPELINE_TAGS = {"bert": "fill-mask", "gpt": "text-generation", "elmo": "feature
 
 
 def run_pretraining(**options: Any) -> TrainOutput:
-    """`egbert pretrain` from Python: the keyword arguments are the command's options
-    (PretrainArguments and TrainingArguments fields, e.g. model="gpt", train_files=[...],
-    output_dir="runs/gpt", max_steps=1000), with the same family defaults under them."""
+    """`egbert pretrain` from Python: the keyword arguments are the command's options (the
+    fields of PRETRAIN_ARGUMENTS, e.g. model="gpt", train_files=[...], output_dir="runs/gpt",
+    max_steps=1000), with the same family defaults under them."""
     return pretrain(*pretrain_arguments(**options))
 
 
-def pretrain_arguments(**options: Any) -> tuple[PretrainArguments, TrainingArguments]:
+def pretrain_arguments(**options: Any) -> PretrainOptions:
     """The options of `run_pretraining` as its dataclasses, the family's recipe under them."""
-    types = (PretrainArguments, TrainingArguments)
-    return arguments_from_options(types, options, pretraining_recipe(options))
+    recipe = pretraining_recipe(options)
+    return arguments_from_options(
+        PRETRAIN_ARGUMENTS, options, recipe, check=check_pretraining_options
+    )
 
 
-def parse_pretrain_args(argv: list[str] | None) -> tuple[PretrainArguments, TrainingArguments]:
+def parse_pretrain_args(argv: list[str] | None) -> PretrainOptions:
     """`egbert pretrain`'s options: the command line over the --config file over the family's
     recipe, parsed once."""
-    types = (PretrainArguments, TrainingArguments)
     return parse_args(
-        types,
+        PRETRAIN_ARGUMENTS,
         argv,
         "egbert pretrain",
         DESCRIPTION,
         recipe=pretraining_recipe,
         recipe_choices={"model": MODEL_FAMILIES},
         hints=SCRIPT_HINTS,
+        check=check_pretraining_options,
     )
 
 
-def model_flops_per_token(model: PreTrainedModel, args: PretrainArguments) -> Callable | None:
+def model_flops_per_token(
+    model: PreTrainedModel, family: str, objective_args: ObjectiveArguments
+) -> Callable | None:
     """seq_len -> training FLOPs per real token for the log's MFU: the model's own count, bert's
     at the --mlm-probability it trains with (its sparse softmax runs on the masked tokens only);
     None for replaced token detection (a generator beside the encoder): the trainer's estimate."""
-    if args.objective == "rtd":
+    if objective_args.objective == "rtd":
         return None
-    if args.model == "bert":
-        return partial(model.flops_per_token, mlm_probability=args.mlm_probability)
+    if family == "bert":
+        return partial(model.flops_per_token, mlm_probability=objective_args.mlm_probability)
     return model.flops_per_token
 
 
-def pretrain(args: PretrainArguments, training_args: TrainingArguments) -> TrainOutput:
+def pretraining_options(
+    model_args: ModelArguments, data_args: DataArguments, objective_args: ObjectiveArguments
+) -> dict[str, Any]:
+    """The run's options but the trainer's, by name: what pretrain_args.json and the resume
+    check keep of them."""
+    return {**asdict(model_args), **asdict(data_args), **asdict(objective_args)}
+
+
+def pretrain(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    objective_args: ObjectiveArguments,
+    training_args: TrainingArguments,
+) -> TrainOutput:
     """Build tokenizer, data and model from the options, train, and return the trainer's result."""
-    trainer = pretraining_trainer(args, training_args)
+    trainer = pretraining_trainer(model_args, data_args, objective_args, training_args)
     result = trainer.train()
     if trainer.accelerator.is_main_process:
-        options = {"pretrain": asdict(args), "training": asdict(training_args)}
+        options = {
+            "pretrain": pretraining_options(model_args, data_args, objective_args),
+            "training": asdict(training_args),
+        }
         path = Path(training_args.output_dir) / "pretrain_args.json"
         path.write_text(json.dumps(options, indent=2) + "\n", encoding="utf-8")
     if not result.interrupted:
         summary = ", ".join(f"{name} {value:.4g}" for name, value in result.metrics.items())
         trainer.accelerator.print(
-            f"egbert: {args.model} pretrained for {result.step} steps "
+            f"egbert: {model_args.model} pretrained for {result.step} steps "
             f"({result.elapsed_seconds / 60:.1f} min); {summary or 'no validation files'}; "
             f"model saved in {result.model_dir}",
             flush=True,
@@ -154,19 +190,33 @@ def check_resume_before_data(identity: dict[str, Any], training_args: TrainingAr
         refuse_changed_run(checkpoint, current, training_args.resume_anyway, parts=True)
 
 
-def pretraining_trainer(args: PretrainArguments, training_args: TrainingArguments) -> Trainer:
+def pretraining_trainer(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    objective_args: ObjectiveArguments,
+    training_args: TrainingArguments,
+) -> Trainer:
     """The run's trainer, ready to train: the tokenizer, the model and the data the options
     name (what `pretrain` trains; the tests read each option's effect off it)."""
     check_trackers_installed(training_args.report_to)  # before the data is tokenized
-    folder = prepared.folder_for_run(args) if args.data else None  # refuses a mismatch
-    tokenizer = folder.load_tokenizer(args.tokenizer) if folder else _tokenizer_of(args)
+    family = model_args.model
+    folder = None
+    if data_args.data:  # refuses a folder of other examples
+        folder = prepared.folder_for_run(family, data_args, objective_args)
+    tokenizer = folder.load_tokenizer(data_args.tokenizer) if folder else _tokenizer_of(data_args)
     set_seed(training_args.seed)  # the model's initial weights
-    model, preset = build_model(args, tokenizer)
-    check_vocab_matches(tokenizer, model.config.vocab_size, f"the {args.model} model")
-    identity = run_config(args, preset, tokenizer, folder)
+    model, preset = build_model(model_args, objective_args, tokenizer)
+    check_seq_len(model, data_args.seq_len)
+    check_vocab_matches(tokenizer, model.config.vocab_size, f"the {family} model")
+    options = pretraining_options(model_args, data_args, objective_args)
+    identity = run_config(options, preset, tokenizer, folder)
     check_resume_before_data(identity, training_args)
-    data = pretraining_data(args, tokenizer, training_args.seed, folder)
-    batch_metrics, finalize_metrics = EVAL_METRICS["rtd" if args.objective == "rtd" else args.model]
+    data = pretraining_data(
+        family, data_args, objective_args, tokenizer, training_args.seed, folder
+    )
+    batch_metrics, finalize_metrics = EVAL_METRICS[
+        "rtd" if objective_args.objective == "rtd" else family
+    ]
     return Trainer(
         model,
         training_args,
@@ -177,74 +227,85 @@ def pretraining_trainer(args: PretrainArguments, training_args: TrainingArgument
         batch_metrics=batch_metrics,
         finalize_metrics=finalize_metrics,
         run_config=identity,
-        tokenizer=tokenizer_for_model(tokenizer, model.config, args.seq_len),
+        tokenizer=tokenizer_for_model(tokenizer, model.config, data_args.seq_len),
         card=ModelCardInfo(
-            pipeline_tag=PIPELINE_TAGS[args.model],
-            license=args.license,
-            datasets=args.card_datasets,
-            description=f"An egbert {args.model} model pretrained from scratch with "
+            pipeline_tag=PIPELINE_TAGS[family],
+            license=model_args.license,
+            datasets=data_args.card_datasets,
+            description=f"An egbert {family} model pretrained from scratch with "
             f"`egbert pretrain` ({type(model).__name__}).",
         ),
-        flops_per_token=model_flops_per_token(model, args),
+        flops_per_token=model_flops_per_token(model, family, objective_args),
     )
 
 
 # ---------------------------------------------------------------- model
 
 
-def build_model(args: PretrainArguments, tokenizer) -> tuple[PreTrainedModel, dict[str, Any]]:
+def build_model(
+    model_args: ModelArguments, objective_args: ObjectiveArguments, tokenizer
+) -> tuple[PreTrainedModel, dict[str, Any]]:
     """A fresh model of the preset's size (vocab from the tokenizer), or the one in
-    --init-from; returns it with the config kwargs that define it."""
-    if args.init_from:
-        model = _load_existing_model(args)
-        preset = {"init_from": str(Path(args.init_from).resolve())}
+    --init-from, with the heads of the objective; returns it with the config kwargs that
+    define it."""
+    model_class = _model_class(model_args.model, objective_args)
+    if model_args.init_from:
+        model = _load_existing_model(model_args, model_class)
+        preset = {"init_from": str(Path(model_args.init_from).resolve())}
     else:
-        preset = load_preset(args.model, args.preset)
-        config = _model_config(args, preset, tokenizer)
-        model = _model_class(args)(config)
-    max_positions = getattr(model.config, "max_position_embeddings", None)
-    if max_positions is not None and args.seq_len > max_positions:
-        raise ConfigError(
-            f"--seq-len {args.seq_len} is above the model's max_position_embeddings "
-            f"({max_positions}); use --seq-len {max_positions} or less, or a larger preset"
-        )
+        preset = load_preset(model_args.model, model_args.preset)
+        model = model_class(_model_config(model_args, preset, tokenizer))
     return model, preset
 
 
-def _model_config(args: PretrainArguments, preset: dict[str, Any], tokenizer):
+def check_seq_len(model: PreTrainedModel, seq_len: int) -> None:
+    """Refuse examples longer than the model's position table."""
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions is not None and seq_len > max_positions:
+        raise ConfigError(
+            f"--seq-len {seq_len} is above the model's max_position_embeddings "
+            f"({max_positions}); use --seq-len {max_positions} or less, or a larger preset"
+        )
+
+
+def _model_config(model_args: ModelArguments, preset: dict[str, Any], tokenizer):
     ids = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
-    if args.model == "gpt":
+    if model_args.model == "gpt":
         eos = tokenizer.eos_token_id
         ids |= {"bos_token_id": eos, "eos_token_id": eos}
         if ids["pad_token_id"] is None:
             ids["pad_token_id"] = eos
     try:
-        config = CONFIG_CLASSES[args.model](**{**preset, **ids})
+        config = CONFIG_CLASSES[model_args.model](**{**preset, **ids})
     except (TypeError, ValueError) as error:
         message = str(error).splitlines()[0]
-        raise ConfigError(f"--preset {args.preset}: invalid model config: {message}") from None
-    apply_config_overrides(config, args.config_overrides)
+        raise ConfigError(
+            f"--preset {model_args.preset}: invalid model config: {message}"
+        ) from None
+    apply_config_overrides(config, model_args.config_overrides)
     return config
 
 
-def _model_class(args: PretrainArguments) -> type[PreTrainedModel]:
-    if args.model == "bert" and args.objective == "rtd":
+def _model_class(family: str, objective_args: ObjectiveArguments) -> type[PreTrainedModel]:
+    if family == "bert" and objective_args.objective == "rtd":
         return EgbertBertForReplacedTokenDetection
-    if args.model == "bert":
-        return EgbertBertForPreTraining if args.nsp else EgbertBertForMaskedLM
-    return {"gpt": EgbertGPTForCausalLM, "elmo": EgbertElmoForBidirectionalLM}[args.model]
+    if family == "bert":
+        return EgbertBertForPreTraining if objective_args.nsp else EgbertBertForMaskedLM
+    return {"gpt": EgbertGPTForCausalLM, "elmo": EgbertElmoForBidirectionalLM}[family]
 
 
-def _load_existing_model(args: PretrainArguments) -> PreTrainedModel:
-    path = Path(args.init_from)
+def _load_existing_model(
+    model_args: ModelArguments, model_class: type[PreTrainedModel]
+) -> PreTrainedModel:
+    path = Path(model_args.init_from)
     model_type = read_model_config(path).get("model_type")
-    expected = CONFIG_CLASSES[args.model].model_type
+    expected = CONFIG_CLASSES[model_args.model].model_type
     if model_type != expected:
         raise CheckpointError(
             f"--init-from {path} holds a {model_type!r} model, not {expected!r}; "
-            f"pass a {args.model} model or change --model"
+            f"pass a {model_args.model} model or change --model"
         )
-    return load_pretrained(_model_class(args), path, allow_pickle=args.allow_pickle)
+    return load_pretrained(model_class, path, allow_pickle=model_args.allow_pickle)
 
 
 # ---------------------------------------------------------------- data
@@ -261,29 +322,34 @@ class PretrainingData:
 
 
 def pretraining_data(
-    args: PretrainArguments, tokenizer, seed: int, folder: prepared.PreparedFolder | None
+    family: str,
+    data_args: DataArguments,
+    objective_args: ObjectiveArguments,
+    tokenizer,
+    seed: int,
+    folder: prepared.PreparedFolder | None,
 ) -> PretrainingData:
     """The training and validation examples the options name: from the prepared `folder`, else
     read, tokenized and built from the sources (a stream shuffled in --shuffle-buffer)."""
+    parts = (family, data_args, objective_args, tokenizer)
     if folder:  # tokenized once by `egbert prepare`: read from its memory-mapped shards
-        data = PretrainingData(folder.examples("train"), build_collator(args, tokenizer, seed))
+        collator = build_collator(family, objective_args, tokenizer, seed)
+        data = PretrainingData(folder.examples("train"), collator)
         if folder.has_split("validation"):
             data.eval = folder.examples("validation")
-            data.eval_collator = build_collator(args, tokenizer, seed)
+            data.eval_collator = build_collator(family, objective_args, tokenizer, seed)
     else:
-        train_documents, eval_documents = load_corpus(args, seed)
-        data = PretrainingData(*examples_from_documents(args, tokenizer, train_documents, seed))
-        if args.shuffle_buffer:
-            data.train = data.train.shuffle(seed=seed, buffer_size=args.shuffle_buffer)
+        train_documents, eval_documents = load_corpus(data_args, seed)
+        data = PretrainingData(*examples_from_documents(*parts, train_documents, seed))
+        if data_args.shuffle_buffer:
+            data.train = data.train.shuffle(seed=seed, buffer_size=data_args.shuffle_buffer)
         if eval_documents is not None:
             # Its own collator: the eval masks stay those of epoch 0, so evaluations compare.
-            data.eval, data.eval_collator = examples_from_documents(
-                args, tokenizer, eval_documents, seed
-            )
-    if args.max_train_samples is not None:
-        data.train = first_examples(data.train, args.max_train_samples)
-    if data.eval is not None and args.max_eval_samples is not None:
-        data.eval = first_examples(data.eval, args.max_eval_samples)
+            data.eval, data.eval_collator = examples_from_documents(*parts, eval_documents, seed)
+    if data_args.max_train_samples is not None:
+        data.train = first_examples(data.train, data_args.max_train_samples)
+    if data.eval is not None and data_args.max_eval_samples is not None:
+        data.eval = first_examples(data.eval, data_args.max_eval_samples)
     return data
 
 
@@ -295,23 +361,23 @@ def first_examples(examples: Dataset | IterableDataset, count: int) -> Dataset |
     return Subset(examples, range(min(count, len(examples))))  # a prepared folder's examples
 
 
-def _tokenizer_of(args: PretrainArguments):
-    if args.tokenizer is None:
+def _tokenizer_of(data_args: DataArguments):
+    if data_args.tokenizer is None:
         raise ConfigError("pass --tokenizer DIR, or --data DIR (a folder from `egbert prepare`)")
-    return load_tokenizer(args.tokenizer)
+    return load_tokenizer(data_args.tokenizer)
 
 
 def run_config(
-    args: PretrainArguments,
+    options: dict[str, Any],
     preset: dict[str, Any],
     tokenizer,
     folder: prepared.PreparedFolder | None,
 ) -> dict[str, Any]:
-    """What a resumed run must share with the original: the options, and the identity of the
-    model config, the tokenizer and the data files."""
+    """What a resumed run must share with the original: the options (`pretraining_options`), and
+    the identity of the model config, the tokenizer and the data files."""
     vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
     return {
-        "options": asdict(args),
+        "options": options,
         "model": preset,
         "tokenizer": {
             "size": len(tokenizer),
@@ -320,8 +386,8 @@ def run_config(
         "data": folder.identity()
         if folder
         else {
-            "train_files": file_identities(args.train_files),
-            "validation_files": file_identities(args.validation_files),
+            "train_files": file_identities(options["train_files"]),
+            "validation_files": file_identities(options["validation_files"]),
         },
     }
 

@@ -50,9 +50,9 @@ from datasets import Dataset, Features, IterableDataset, Value
 from datasets.exceptions import DatasetGenerationError
 from datasets.table import CastError
 
-from egbert.config import DOC_BOUNDARIES
 from egbert.errors import ConfigError, DataError, EgbertError
 
+DOC_BOUNDARIES = ("blank", "wikitext", "line", "file")
 DECODE_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
 TEXT_FEATURES = Features({"text": Value("string")})
 # Streamed text files are cut into ranges of this many bytes: a 1 GB file gives 64 shards, enough

@@ -12,7 +12,8 @@ from typing import Any
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from egbert.config import arguments_from_options, load_recipe
+from egbert.arguments import arguments_from_options
+from egbert.config import load_recipe
 from egbert.errors import ConfigError
 from egbert.evaluation import probe, prompting
 from egbert.finetune.tasks import get_task, split_file
@@ -52,7 +53,7 @@ from egbert.quickstart.steps import (
     is_finished,
     local_glue_tasks,
     prepare_tokenizer,
-    pretraining_defaults,
+    pretraining_default,
     pretraining_summary,
     quickstart_pretraining,
     save_twin,
@@ -293,7 +294,7 @@ def pretrain_families(
             preset=choice.preset,
             batch_size=choice.batch_size,
             seq_len=choice.seq_len,
-            lr=pretraining_defaults(family)[1].lr * choice.lr_scale,
+            lr=pretraining_default(family, "lr") * choice.lr_scale,
             tokenizer=str(output_dir / "tokenizer"),
             train_files=list(map(str, train_files)),
             validation_files=list(map(str, valid_files)),

@@ -10,18 +10,19 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase, set_seed
 
-from egbert.config import load_recipe
+from egbert.config import TrainingArguments, load_recipe, pretraining_recipe
 from egbert.errors import ConfigError, DataError
 from egbert.finetune import run as finetune_run
 from egbert.finetune.tasks import GLUE_TASKS, available_tasks, get_task, split_file
 from egbert.models.families import FAMILY_OF_MODEL_TYPE
 from egbert.pretrain import run as pretrain_run
+from egbert.pretrain.options import ModelArguments, ObjectiveArguments
 from egbert.pretrain.sources import load_hub_documents
 from egbert.quickstart.options import (
     DEFAULT_DATA,
@@ -133,10 +134,10 @@ def local_glue_tasks(requested: Sequence[str], glue: Path | None) -> list[str]:
 
 
 def prepare_tokenizer(
-    output_dir: Path, corpus: Sequence[Path], vocab_size: int, encoding_errors: str = "strict"
+    output_dir: Path, corpus: Sequence[Path], vocab_size: int, **options: Any
 ) -> PreTrainedTokenizerBase:
     """The WordPiece tokenizer in output_dir/tokenizer, trained on the `corpus` files unless it
-    is there (`encoding_errors`: what undecodable bytes do, as in `egbert tokenizer train`)."""
+    is there (`options`: `train_tokenizer`'s others, with its defaults, e.g. encoding_errors)."""
     tokenizer_dir = output_dir / "tokenizer"
     if (tokenizer_dir / "tokenizer.json").is_file():
         print(f"  reusing {tokenizer_dir}", flush=True)
@@ -144,9 +145,7 @@ def prepare_tokenizer(
     files = str(corpus[0]) if len(corpus) == 1 else f"{len(corpus)} files"
     print(f"  training WordPiece ({vocab_size:,}) on {files}", flush=True)
     start = time.perf_counter()
-    tokenizer = train_tokenizer(
-        corpus, vocab_size=vocab_size, out_dir=tokenizer_dir, encoding_errors=encoding_errors
-    )
+    tokenizer = train_tokenizer(corpus, vocab_size=vocab_size, out_dir=tokenizer_dir, **options)
     print(f"  trained in {time.perf_counter() - start:.1f} s, saved to {tokenizer_dir}")
     # Measured on the first file, the main corpus (tokenizer_stats decodes strictly).
     print(format_stats(tokenizer_stats(tokenizer, corpus[:1])), flush=True)
@@ -177,13 +176,30 @@ def quickstart_pretraining(family: str) -> dict[str, Any]:
     return load_recipe(family, "quickstart-pretrain")
 
 
-def pretraining_defaults(family: str, **options: Any):
-    """(PretrainArguments, TrainingArguments) of quickstart's pretraining of `family` (`egbert
-    pretrain`'s defaults under quickstart_pretraining under `options`), with no data and no
-    output (for a model or a default, not for a run)."""
-    blank = {"tokenizer": "", "train_files": [], "output_dir": ""}
-    chosen = {**quickstart_pretraining(family), **options}
-    return pretrain_run.pretrain_arguments(model=family, **blank, **chosen)
+def pretraining_recipe_of(family: str) -> dict[str, Any]:
+    """quickstart's pretraining options of `family` by name: `egbert pretrain`'s recipe with
+    quickstart_pretraining over it (the options' fields hold the rest)."""
+    return {**pretraining_recipe({"model": family}), **quickstart_pretraining(family)}
+
+
+def pretraining_default(family: str, name: str) -> Any:
+    """A trainer option of quickstart's pretraining of `family` before the plan scales it (lr,
+    batch_size): its recipe's value, else its field's default."""
+    return pretraining_recipe_of(family).get(name, getattr(TrainingArguments, name))
+
+
+def pretraining_model_options(
+    family: str, preset: str
+) -> tuple[ModelArguments, ObjectiveArguments]:
+    """The model's and the objective's options of quickstart's pretraining of `family` at
+    `preset`: what `build_model` takes."""
+    chosen = {**pretraining_recipe_of(family), "model": family, "preset": preset}
+
+    def options_of(cls: type) -> dict[str, Any]:
+        return {spec.name: chosen[spec.name] for spec in fields(cls) if spec.name in chosen}
+
+    model_args = ModelArguments(**options_of(ModelArguments))
+    return model_args, ObjectiveArguments(**options_of(ObjectiveArguments))
 
 
 def save_twin(family: str, preset: str, seed: int, tokenizer, run_dir: Path) -> Path:
@@ -192,8 +208,7 @@ def save_twin(family: str, preset: str, seed: int, tokenizer, run_dir: Path) -> 
     if is_finished(run_dir):
         return run_dir
     set_seed(seed)
-    args, _ = pretraining_defaults(family, preset=preset)
-    model, _ = pretrain_run.build_model(args, tokenizer)
+    model, _ = pretrain_run.build_model(*pretraining_model_options(family, preset), tokenizer)
     return save_untrained(model, tokenizer, run_dir)
 
 

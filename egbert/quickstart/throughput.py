@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from egbert.config import available_presets
 from egbert.pretrain import run as pretrain_run
 from egbert.quickstart.planner import Measurement, pretraining_seq_len
-from egbert.quickstart.steps import pretraining_defaults
+from egbert.quickstart.steps import pretraining_default, pretraining_model_options
 from egbert.training.optimization import adamw
 from egbert.training.runtime import synchronize
 
@@ -32,9 +32,8 @@ MAX_BATCH = 1024
 
 def untrained_model(family: str, preset: str, tokenizer: PreTrainedTokenizerBase, seed: int):
     """The family's model as `egbert pretrain` starts it at `preset` (its recipe's config)."""
-    args, _ = pretraining_defaults(family, preset=preset)
     torch.manual_seed(seed)
-    model, _ = pretrain_run.build_model(args, tokenizer)
+    model, _ = pretrain_run.build_model(*pretraining_model_options(family, preset), tokenizer)
     return model
 
 
@@ -95,7 +94,7 @@ def measure_family(
         model = untrained_model(family, preset, tokenizer, seed=0).to(device)
         parameters = model.num_parameters()
         hidden_size = model.config.hidden_size
-        batch_size, best = pretraining_defaults(family)[1].batch_size, 0.0
+        batch_size, best = pretraining_default(family, "batch_size"), 0.0
         while batch_size <= MAX_BATCH:
             try:
                 batch = random_batch(family, model, batch_size, seq_len, device)
