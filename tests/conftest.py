@@ -6,7 +6,8 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,17 @@ def subprocess_env() -> dict[str, str]:
     from its PYTHONPATH), one OpenMP thread, and this checkout first on PYTHONPATH."""
     paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(paths)}
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads at `count` inside, the caller's number again after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture

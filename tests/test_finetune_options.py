@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from conftest import torch_threads
 from option_coverage import proves
 from scipy.stats import pearsonr, spearmanr
 from transformers import (
@@ -288,18 +289,23 @@ def test_a_regression_run_scores_and_predicts_what_its_model_says(
     model = AutoModelForSequenceClassification.from_pretrained(out / "model").eval()
     tokenizer = AutoTokenizer.from_pretrained(out / "model")
 
-    def predicted(name: str) -> np.ndarray:
+    def predicted(name: str, threads: int = 1) -> np.ndarray:
         rows = jsonl_rows(custom_files[name])
         texts = [[row["a"] for row in rows], [row["b"] for row in rows]]
         inputs = tokenizer(*texts, truncation=True, max_length=24, padding=True)
-        with torch.no_grad():
+        with torch.no_grad(), torch_threads(threads):
             logits = model(**inputs.convert_to_tensors("pt")).logits
         return logits[:, 0].numpy()
 
     scores = [row["s"] for row in jsonl_rows(custom_files["dev"])]
     results = json.loads((out / "eval_results.json").read_text(encoding="utf-8"))
     metrics = results["metrics"]["validation"]
-    assert metrics["pearson"] == pytest.approx(pearsonr(predicted("dev"), scores)[0], abs=1e-5)
+    # With some tokenizers (their ids vary by process) this tiny model's six dev predictions lie
+    # within 1e-4 of each other, and float32's summation order (1 or 2 threads) moves pearson by
+    # ~1e-4: the tolerance is that measured noise, 1e-5 where the predictions are spread out.
+    noise = abs(pearsonr(predicted("dev"), scores)[0] - pearsonr(predicted("dev", 2), scores)[0])
+    expected = pearsonr(predicted("dev"), scores)[0]
+    assert metrics["pearson"] == pytest.approx(expected, abs=1e-5 + 10 * noise)
     assert metrics["spearmanr"] == pytest.approx(spearmanr(predicted("dev"), scores)[0], abs=1e-5)
     lines = (out / "predictions" / "custom.tsv").read_text(encoding="utf-8").splitlines()
     assert lines[0] == "index\tprediction"
@@ -402,6 +408,9 @@ def test_label_smoothing_is_in_the_training_loss(tiny_egbert_bert_dir, micro_dat
     argv = rte(tiny_egbert_bert_dir, micro_data, tmp_path / "out", "--label-smoothing", "0.2")
     trainer = build(*argv).trainer
     batch = first_examples(trainer, 8)
+    # one label for all: with RTE's 4 and 4 and a head that gives every pair the same logits,
+    # the smoothed mean equals the plain one (the smoothing terms cancel)
+    batch["labels"] = torch.zeros_like(batch["labels"])
     model = trainer.model.eval()  # no dropout: the same logits twice
     with torch.no_grad():
         model.classifier.weight.mul_(1e3)  # logits far from even: smoothing shows
