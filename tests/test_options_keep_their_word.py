@@ -211,7 +211,7 @@ def test_the_allow_list_names_only_real_options():
 def test_a_pretraining_checkpoint_holds_every_option(small_corpus, tiny_tokenizer_dir, tmp_path):
     from dataclasses import fields
 
-    from egbert.pretrain.run import PRETRAIN_ARGUMENTS
+    from egbert.pretrain.options import PRETRAIN_ARGUMENTS
 
     out = tmp_path / "run"
     run_pretraining(**tiny_run("gpt", tiny_tokenizer_dir, small_corpus, out, max_steps=2))

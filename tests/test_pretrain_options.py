@@ -31,9 +31,9 @@ from egbert.models.bert import (
 )
 from egbert.models.elmo import EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.pretrain.options import PRETRAIN_ARGUMENTS
 from egbert.pretrain.prepare import parse_prepare_args, prepare_arguments
 from egbert.pretrain.run import (
-    PRETRAIN_ARGUMENTS,
     build_model,
     model_flops_per_token,
     parse_pretrain_args,

@@ -25,10 +25,9 @@ from egbert.cli import main as cli_main
 from egbert.commands.pretrain import main
 from egbert.config import TrainingArguments, load_preset
 from egbert.errors import ConfigError
-from egbert.pretrain.options import DataArguments
+from egbert.pretrain.options import PRETRAIN_ARGUMENTS, DataArguments
 from egbert.pretrain.run import (
     FAMILY_DEFAULTS,
-    PRETRAIN_ARGUMENTS,
     build_model,
     parse_pretrain_args,
 )

@@ -25,13 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.defaults_from(generate)
     args = parser.parse_args(argv)
     check_sampling_options(args)
-    generate(
-        args.model,
-        args.prompt,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        allow_pickle=args.allow_pickle,
-    )
+    options = vars(args)
+    # --model is generate's model_dir (its name in --print-config and --config files); every
+    # other option is the parameter of the same name.
+    generate(options.pop("model"), **options)

@@ -20,13 +20,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dry-run", action=BooleanFlag, help="print the files that would go up, upload nothing"
     )
-    args = parser.parse_args(argv)
-    plan = push_to_hub(
-        args.folder,
-        args.repo_id,
-        private=args.private,
-        revision=args.revision,
-        commit_message=args.commit_message,
-        dry_run=args.dry_run,
-    )
-    print(describe(plan, args.repo_id, args.dry_run))
+    options = vars(parser.parse_args(argv))
+    plan = push_to_hub(**options)
+    print(describe(plan, options["repo_id"], options["dry_run"]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from egbert.tokenizer import (
     build_parser,
@@ -15,26 +16,25 @@ from egbert.tokenizer import (
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    if args.action == "train":
-        start = time.perf_counter()
-        tokenizer = train_tokenizer(
-            args.files,
-            kind=args.kind,
-            vocab_size=args.vocab_size,
-            lowercase=args.lowercase,
-            out_dir=args.out,
-            min_frequency=args.min_frequency,
-            encoding=args.encoding,
-            dataset=args.dataset,
-            dataset_config=args.dataset_config,
-            split=args.split,
-            text_column=args.text_column,
-            source_weights=args.source_weights,
-        )
-        seconds = time.perf_counter() - start
-        print(f"trained a {args.kind} tokenizer of {len(tokenizer):,} tokens in {seconds:.1f} s")
-        print(f"saved to {args.out}")
-        return
-    stats = tokenizer_stats(load_tokenizer(args.tokenizer), args.files, encoding=args.encoding)
-    print(json.dumps(stats, indent=2) if args.json else format_stats(stats))
+    options = vars(build_parser().parse_args(argv))
+    action = options.pop("action")  # the subcommand; the other options are its parameters
+    if action == "train":
+        train(options)
+    else:
+        stats(options)
+
+
+def train(options: dict[str, Any]) -> None:
+    out_dir = options.pop("out")  # --out keeps its name in --print-config and --config files
+    start = time.perf_counter()
+    tokenizer = train_tokenizer(out_dir=out_dir, **options)
+    seconds = time.perf_counter() - start
+    print(f"trained a {options['kind']} tokenizer of {len(tokenizer):,} tokens in {seconds:.1f} s")
+    print(f"saved to {out_dir}")
+
+
+def stats(options: dict[str, Any]) -> None:
+    as_json = options.pop("json")  # how to print them, not a statistic
+    tokenizer = load_tokenizer(options.pop("tokenizer"))  # --tokenizer is its directory
+    statistics = tokenizer_stats(tokenizer, **options)
+    print(json.dumps(statistics, indent=2) if as_json else format_stats(statistics))

@@ -3,16 +3,17 @@
 model's (`ModelArguments`: which family, its size, the model it starts from), the data's
 (`DataArguments`: the tokenizer, the sources, how documents become examples) and the objective's
 (`ObjectiveArguments`: what bert learns to predict). The trainer's are `TrainingArguments`
-(egbert.config). Each helper takes the parts it reads; `check_pretraining_options` checks the
-options that depend on one another across parts.
+(egbert.config). PRETRAIN_ARGUMENTS and PREPARE_ARGUMENTS are each command's parts. Each helper
+takes the parts it reads; `check_pretraining_options` checks the options that depend on one
+another across parts.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from egbert.config import MODEL_FAMILIES
+from egbert.config import MODEL_FAMILIES, PrepareArguments, TrainingArguments
 from egbert.errors import ConfigError
 from egbert.pretrain.sources import DOC_BOUNDARIES
 
@@ -260,6 +261,19 @@ class ObjectiveArguments:
             raise ConfigError(f"--dupe-factor must be >= 1, got {self.dupe_factor}")
         if not 0 <= self.short_seq_prob <= 1:
             raise ConfigError(f"--short-seq-prob must be in [0, 1], got {self.short_seq_prob}")
+
+
+# The parts both commands read, in their order; each adds its own last.
+PRETRAINING_PARTS = (ModelArguments, DataArguments, ObjectiveArguments)
+CommandPart = TypeVar("CommandPart")
+# The parsed options of such a command: PRETRAINING_PARTS' instances, then its own part's.
+PretrainingOptions = tuple[ModelArguments, DataArguments, ObjectiveArguments, CommandPart]
+# `egbert pretrain`'s: then the trainer's.
+PRETRAIN_ARGUMENTS = (*PRETRAINING_PARTS, TrainingArguments)
+PretrainOptions = PretrainingOptions[TrainingArguments]
+# `egbert prepare`'s: pretrain's but the trainer's, then where it writes.
+PREPARE_ARGUMENTS = (*PRETRAINING_PARTS, PrepareArguments)
+PrepareOptions = PretrainingOptions[PrepareArguments]
 
 
 RTD_NEEDS = (

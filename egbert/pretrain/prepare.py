@@ -40,9 +40,11 @@ from egbert.pretrain.corpus import (
     tokenize_for_family,
 )
 from egbert.pretrain.options import (
+    PREPARE_ARGUMENTS,
     DataArguments,
     ModelArguments,
     ObjectiveArguments,
+    PrepareOptions,
     check_pretraining_options,
     example_options,
 )
@@ -58,9 +60,6 @@ IGNORED_OPTIONS = frozenset(
 )
 # Its options that change neither the examples nor where they come from.
 NOT_DATA_OPTIONS = IGNORED_OPTIONS | {"num_proc", "data", "tokenizer"}
-# `egbert prepare`'s options: pretrain's but the trainer's, then where it writes.
-PREPARE_ARGUMENTS = (ModelArguments, DataArguments, ObjectiveArguments, PrepareArguments)
-PrepareOptions = tuple[ModelArguments, DataArguments, ObjectiveArguments, PrepareArguments]
 
 DESCRIPTION = (
     "Tokenize a corpus once into a folder of memory-mapped shards of a family's examples, for "

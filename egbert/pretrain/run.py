@@ -60,9 +60,11 @@ from egbert.pretrain.corpus import (
     load_corpus,
 )
 from egbert.pretrain.options import (
+    PRETRAIN_ARGUMENTS,
     DataArguments,
     ModelArguments,
     ObjectiveArguments,
+    PretrainOptions,
     check_pretraining_options,
 )
 from egbert.report import ModelCardInfo
@@ -72,9 +74,6 @@ from egbert.training.runtime import check_trackers_installed
 from egbert.training.trainer import Trainer, TrainOutput
 
 CONFIG_CLASSES = {"bert": EgbertBertConfig, "gpt": EgbertGPTConfig, "elmo": EgbertElmoConfig}
-# `egbert pretrain`'s options by concern (egbert.pretrain.options), then the trainer's.
-PRETRAIN_ARGUMENTS = (ModelArguments, DataArguments, ObjectiveArguments, TrainingArguments)
-PretrainOptions = tuple[ModelArguments, DataArguments, ObjectiveArguments, TrainingArguments]
 
 DESCRIPTION = (
     "Pretrain a bert (MLM + NSP), gpt (causal LM) or elmo (biLM) model on text, table or Hub "
