@@ -56,17 +56,7 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 from egbert.arguments import ArgumentParser
 from egbert.embedding import embed, load_model
 from egbert.errors import ConfigError, DataError
-from egbert.evaluation.results import (
-    add_model_and_task_arguments,
-    add_run_arguments,
-    check_data_dir,
-    check_positive,
-    evaluate_tasks,
-    majority_score,
-    sample_indices,
-    scored,
-    write_results,
-)
+from egbert.evaluation import results
 from egbert.finetune.metrics import format_metrics, glue_average, task_score
 from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import (
@@ -196,7 +186,7 @@ def choose_c(task: Task, vectors: np.ndarray, labels: np.ndarray, seed: int) -> 
     best_c, best_score = C_GRID[0], -np.inf
     for c in C_GRID:
         predictions = logistic_probe(c, seed).fit(fit_x, fit_y).predict(held_x)
-        score = task_score({"holdout": scored(task, predictions, held_y)})
+        score = task_score({"holdout": results.scored(task, predictions, held_y)})
         if score > best_score:
             best_c, best_score = c, score
     return best_c
@@ -222,8 +212,8 @@ def check_probe_options(features: str, pool: str, max_train_samples: int | None,
         raise ConfigError(f"--features {features!r} is not one of {', '.join(FEATURES)}")
     if pool not in CLASSIFIER_POOLS:
         raise ConfigError(f"--pool {pool!r} is not one of {', '.join(CLASSIFIER_POOLS)}")
-    check_positive("--max-train-samples", max_train_samples)
-    check_positive("--batch-size", batch_size)
+    results.check_positive("--max-train-samples", max_train_samples)
+    results.check_positive("--batch-size", batch_size)
 
 
 def probe_task(
@@ -240,7 +230,8 @@ def probe_task(
     """Fit the probe on (a sample of) the task's training split; score it on every dev split."""
     start = time.perf_counter()
     train = read_glue_split(task, "train", data_dir)
-    train = train.select(sample_indices(len(train), max_train_samples, np.random.default_rng(seed)))
+    rng = np.random.default_rng(seed)
+    train = train.select(results.sample_indices(len(train), max_train_samples, rng))
     labels = np.asarray(train["label"])
     vectors = task_vectors(task, train, model, tokenizer, features, pool, batch_size)
     probe, regularization = fit_probe(task, vectors, labels, seed)
@@ -248,12 +239,13 @@ def probe_task(
     for split in present_eval_splits(task, data_dir):
         dev = read_glue_split(task, split, data_dir)
         dev_vectors = task_vectors(task, dev, model, tokenizer, features, pool, batch_size)
-        metrics[split] = scored(task, probe.predict(dev_vectors), dev["label"])
+        metrics[split] = results.scored(task, probe.predict(dev_vectors), dev["label"])
         dev_labels += list(dev["label"])
+    majority = None if task.is_regression else results.majority_score(task, labels, dev_labels)
     return {
         "metrics": metrics,
         "score": task_score(metrics),
-        "majority_score": None if task.is_regression else majority_score(task, labels, dev_labels),
+        "majority_score": majority,
         "n_train": len(train),
         "n_dev": len(dev_labels),
         "feature_size": int(vectors.shape[1]),
@@ -297,7 +289,7 @@ def run_probe(
         values and scores are fractions.
     """
     check_probe_options(features, pool, max_train_samples, batch_size)
-    data_dir = check_data_dir(data_dir)
+    data_dir = results.check_data_dir(data_dir)
     task_list = resolve_tasks(tasks, data_dir)
     model, tokenizer = load_model(model_dir, device, allow_pickle)
     if pool == "cls":
@@ -309,7 +301,7 @@ def run_probe(
         "seed": seed,
         "classifier": "logistic regression (C by held-out GLUE score) / ridge (alpha by LOO)",
     }
-    results = evaluate_tasks(
+    report = results.evaluate_tasks(
         model_dir,
         model,
         bf16,
@@ -327,15 +319,15 @@ def run_probe(
             seed,
         ),
     )
-    scores = {name: result["score"] for name, result in results["tasks"].items()}
+    scores = {name: result["score"] for name, result in report["tasks"].items()}
     average = glue_average(scores)
     if average is not None:
-        results["glue_average"] = {"score": average.score, "tasks": list(average.tasks)}
+        report["glue_average"] = {"score": average.score, "tasks": list(average.tasks)}
     else:
-        results["glue_average"] = None
+        report["glue_average"] = None
     if output_dir is not None:
-        write_results(results, output_dir, RESULTS_FILE)
-    return results
+        results.write_results(report, output_dir, RESULTS_FILE)
+    return report
 
 
 def regularization_cell(regularization: dict[str, float]) -> str:
@@ -391,7 +383,7 @@ def build_parser() -> ArgumentParser:
             "--data-dir data/glue --features last4-concat --output-dir runs/bert-mini/probe"
         ),
     )
-    add_model_and_task_arguments(
+    results.add_model_and_task_arguments(
         parser,
         f"GLUE task(s) ({', '.join(GLUE_TASKS)}), or all: those with train and dev files in "
         "--data-dir",
@@ -412,5 +404,5 @@ def build_parser() -> ArgumentParser:
         type=int,
         help="fit on a seeded random draw of this many training examples",
     )
-    add_run_arguments(parser, RESULTS_FILE, "examples per forward", run_probe)
+    results.add_run_arguments(parser, RESULTS_FILE, "examples per forward", run_probe)
     return parser

@@ -49,17 +49,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
 from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError, DataError
-from egbert.evaluation.results import (
-    add_model_and_task_arguments,
-    add_run_arguments,
-    check_data_dir,
-    check_positive,
-    evaluate_tasks,
-    majority_score,
-    sample_indices,
-    scored,
-    write_results,
-)
+from egbert.evaluation import results
 from egbert.finetune.metrics import format_metrics, task_score
 from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import Task, read_glue_split, resolve_tasks, split_file
@@ -246,8 +236,8 @@ def check_prompt_options(shots: Sequence[int], max_eval_samples: int | None, bat
         raise ConfigError("--shots is empty; give one or more numbers of demonstrations, e.g. 0 4")
     if min(shots) < 0:
         raise ConfigError(f"--shots must be >= 0, got {list(shots)}")
-    check_positive("--max-eval-samples", max_eval_samples)
-    check_positive("--batch-size", batch_size)
+    results.check_positive("--max-eval-samples", max_eval_samples)
+    results.check_positive("--batch-size", batch_size)
 
 
 @dataclass
@@ -322,7 +312,7 @@ def scored_and_demonstrations(
     draws = {k: draw_demonstrations(pool_labels, k, task.num_labels, seed) for k in shots}
     used = set() if has_train else {i for draw in draws.values() for i in draw}
     candidates = np.array([i for i in range(len(dev)) if i not in used])  # never score a demo
-    chosen = sample_indices(len(candidates), max_eval_samples, np.random.default_rng(seed))
+    chosen = results.sample_indices(len(candidates), max_eval_samples, np.random.default_rng(seed))
     return dev.select(candidates[chosen]), pool, draws, "train" if has_train else eval_split
 
 
@@ -350,7 +340,7 @@ def prompt_task(
     result: dict[str, Any] = {
         "n_eval": len(references),
         "demonstrations_from": pool_split,
-        "majority_score": majority_score(task, list(pool["label"]), references),
+        "majority_score": results.majority_score(task, list(pool["label"]), references),
         "template": prompt.template,
         "verbalisers": list(prompt.verbalisers),
         "shots": {},
@@ -363,7 +353,7 @@ def prompt_task(
     for k in shots:
         start = time.perf_counter()
         run = shot_scores(model, prompts, draws[k], calibrate, batch_size)
-        metrics = {eval_split: scored(task, run["scores"].argmax(axis=1), references)}
+        metrics = {eval_split: results.scored(task, run["scores"].argmax(axis=1), references)}
         entry = {
             "metrics": metrics,
             "score": task_score(metrics),
@@ -371,7 +361,7 @@ def prompt_task(
         }
         if calibrate:
             predictions = run["calibrated"].argmax(axis=1)
-            calibrated = {eval_split: scored(task, predictions, references)}
+            calibrated = {eval_split: results.scored(task, predictions, references)}
             entry["calibrated"] = {"metrics": calibrated, "score": task_score(calibrated)}
         entry["seconds"] = round(time.perf_counter() - start, 2)
         result["shots"][str(k)] = entry
@@ -425,7 +415,7 @@ def run_prompt_eval(
     """
     shots = list(dict.fromkeys(shots))
     check_prompt_options(shots, max_eval_samples, batch_size)
-    data_dir = check_data_dir(data_dir)
+    data_dir = results.check_data_dir(data_dir)
     task_list = resolve_tasks(
         tasks,
         data_dir,
@@ -441,7 +431,7 @@ def run_prompt_eval(
         "seed": seed,
         "demonstrations": "balanced over the labels, one seeded draw per k for every example",
     }
-    results = evaluate_tasks(
+    report = results.evaluate_tasks(
         model_dir,
         model,
         bf16,
@@ -460,8 +450,8 @@ def run_prompt_eval(
         ),
     )
     if output_dir is not None:
-        write_results(results, output_dir, RESULTS_FILE)
-    return results
+        results.write_results(report, output_dir, RESULTS_FILE)
+    return report
 
 
 @dataclass(frozen=True)
@@ -519,7 +509,7 @@ def build_parser() -> ArgumentParser:
             "--calibrate --max-eval-samples 500 --data-dir data/glue"
         ),
     )
-    add_model_and_task_arguments(
+    results.add_model_and_task_arguments(
         parser, f"task(s) with a prompt format ({', '.join(PROMPTS)}), or all"
     )
     parser.add_argument(
@@ -538,5 +528,5 @@ def build_parser() -> ArgumentParser:
         type=int,
         help="score a seeded random sample of this many dev examples (default: all)",
     )
-    add_run_arguments(parser, RESULTS_FILE, "sequences per forward", run_prompt_eval)
+    results.add_run_arguments(parser, RESULTS_FILE, "sequences per forward", run_prompt_eval)
     return parser

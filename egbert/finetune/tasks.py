@@ -27,7 +27,14 @@ from egbert.errors import ConfigError, DataError
 HUB_DATASET = "nyu-mll/glue"
 STANDARD_FILES = {"train": ("train.tsv",), "validation": ("dev.tsv",), "test": ("test.tsv",)}
 COLA_COLUMNS = ("source", "label", "original_label", "sentence")  # CoLA train/dev: no header
+# Text columns by the hub's names, and label sets as GLUE's files write them (class-id order).
+SENTENCE = ("sentence",)
+SENTENCE_PAIR = ("sentence1", "sentence2")
+NLI_PAIR = ("premise", "hypothesis")
+ENTAILMENT = ("entailment", "not_entailment")
 MNLI_LABELS = ("entailment", "neutral", "contradiction")
+# GLUE's MNLI files (and the diagnostic set's) name the premise and hypothesis columns this way.
+NLI_SOURCE_COLUMNS = {"premise": "sentence1", "hypothesis": "sentence2"}
 
 
 @dataclass(frozen=True)
@@ -76,65 +83,76 @@ class Task:
         return tuple(split for split in self.files if split.startswith("test"))
 
 
-def _glue_task(name: str, dir_name: str, columns: tuple[str, ...], **kwargs) -> Task:
-    """A GLUE task under its hub config's name; its test predictions go to GLUE's file named
-    after its folder unless `submission` says otherwise."""
+def _glue_task(
+    name: str,
+    dir_name: str,
+    columns: tuple[str, ...],
+    metric: str,
+    labels: tuple[str, ...] | dict[str, str] | None,
+    **kwargs,
+) -> Task:
+    """A GLUE task under its hub config's name. `labels`: the files' label strings, or a dict
+    from each to the hub's name of its class; None for regression. Its test predictions go to
+    GLUE's file named after its folder unless `submission` says otherwise."""
+    if isinstance(labels, dict):
+        kwargs["label_names"] = tuple(labels.values())
+        labels = tuple(labels)
     kwargs.setdefault("submission", {"test": dir_name})
-    return Task(name=name, text_columns=columns, dir_name=dir_name, hub_config=name, **kwargs)
+    return Task(
+        name=name,
+        text_columns=columns,
+        labels=labels,
+        metric=metric,
+        dir_name=dir_name,
+        hub_config=name,
+        **kwargs,
+    )
 
 
+# name, GLUE folder, text columns, metric, labels; then where its files differ from the usual
+# layout (train/dev/test.tsv with a header and the hub's column names).
 GLUE_TASKS: dict[str, Task] = {
     task.name: task
     for task in (
         _glue_task(
             "cola",
             "CoLA",
-            ("sentence",),
-            labels=("0", "1"),
-            label_names=("unacceptable", "acceptable"),
-            metric="matthews_correlation",
+            SENTENCE,
+            "matthews_correlation",
+            {"0": "unacceptable", "1": "acceptable"},
             headerless={"train": COLA_COLUMNS, "validation": COLA_COLUMNS},
         ),
-        _glue_task(
-            "sst2",
-            "SST-2",
-            ("sentence",),
-            labels=("0", "1"),
-            label_names=("negative", "positive"),
-            metric="accuracy",
-        ),
+        _glue_task("sst2", "SST-2", SENTENCE, "accuracy", {"0": "negative", "1": "positive"}),
         _glue_task(
             "mrpc",
             "MRPC",
-            ("sentence1", "sentence2"),
-            labels=("0", "1"),
-            label_names=("not_equivalent", "equivalent"),
-            metric="accuracy_f1",
+            SENTENCE_PAIR,
+            "accuracy_f1",
+            {"0": "not_equivalent", "1": "equivalent"},
             source_columns={"sentence1": "#1 String", "sentence2": "#2 String", "label": "Quality"},
         ),
         _glue_task(
             "stsb",
             "STS-B",
-            ("sentence1", "sentence2"),
-            labels=None,
-            metric="pearson_spearman",
+            SENTENCE_PAIR,
+            "pearson_spearman",
+            None,
             source_columns={"label": "score"},
         ),
         _glue_task(
             "qqp",
             "QQP",
             ("question1", "question2"),
-            labels=("0", "1"),
-            label_names=("not_duplicate", "duplicate"),
-            metric="accuracy_f1",
+            "accuracy_f1",
+            {"0": "not_duplicate", "1": "duplicate"},
             source_columns={"label": "is_duplicate", "idx": "id"},
         ),
         _glue_task(
             "mnli",
             "MNLI",
-            ("premise", "hypothesis"),
-            labels=MNLI_LABELS,
-            metric="accuracy",
+            NLI_PAIR,
+            "accuracy",
+            MNLI_LABELS,
             files={
                 "train": ("train.tsv",),
                 "validation_matched": ("dev_matched.tsv", "dev_matched.jsonl"),
@@ -142,44 +160,23 @@ GLUE_TASKS: dict[str, Task] = {
                 "test_matched": ("test_matched.tsv",),
                 "test_mismatched": ("test_mismatched.tsv",),
             },
-            source_columns={
-                "premise": "sentence1",
-                "hypothesis": "sentence2",
-                "label": "gold_label",
-            },
+            source_columns={**NLI_SOURCE_COLUMNS, "label": "gold_label"},
             submission={"test_matched": "MNLI-m", "test_mismatched": "MNLI-mm"},
         ),
+        _glue_task("qnli", "QNLI", ("question", "sentence"), "accuracy", ENTAILMENT),
+        _glue_task("rte", "RTE", SENTENCE_PAIR, "accuracy", ENTAILMENT),
         _glue_task(
-            "qnli",
-            "QNLI",
-            ("question", "sentence"),
-            labels=("entailment", "not_entailment"),
-            metric="accuracy",
-        ),
-        _glue_task(
-            "rte",
-            "RTE",
-            ("sentence1", "sentence2"),
-            labels=("entailment", "not_entailment"),
-            metric="accuracy",
-        ),
-        _glue_task(
-            "wnli",
-            "WNLI",
-            ("sentence1", "sentence2"),
-            labels=("0", "1"),
-            label_names=("not_entailment", "entailment"),
-            metric="accuracy",
+            "wnli", "WNLI", SENTENCE_PAIR, "accuracy", {"0": "not_entailment", "1": "entailment"}
         ),
         # The diagnostic set: MNLI-style pairs, test only, predicted with the model trained on mnli.
         _glue_task(
             "ax",
             "diagnostic",
-            ("premise", "hypothesis"),
-            labels=MNLI_LABELS,
-            metric="accuracy",
+            NLI_PAIR,
+            "accuracy",
+            MNLI_LABELS,
             files={"test": ("diagnostic.tsv",)},
-            source_columns={"premise": "sentence1", "hypothesis": "sentence2"},
+            source_columns=dict(NLI_SOURCE_COLUMNS),
             submission={"test": "AX"},
             trained_as="mnli",
         ),

@@ -411,19 +411,12 @@ def _packed(
     if block_size < 1:
         raise ConfigError(f"block size {block_size} leaves no room for text; use a larger one")
     # Tuples, not lists: `datasets` reads a list in gen_kwargs as shards to split among workers.
-    options = {
-        "block_size": block_size,
-        "separator_id": separator_id,
-        "prefix": prefix,
-        "suffix": suffix,
-    }
+    options = dict(block_size=block_size, separator_id=separator_id, prefix=prefix, suffix=suffix)
     if isinstance(tokenized, IterableDataset):
         return _map_document_groups(tokenized, _packed_batch, options, BLOCK_FEATURES)
     # Packing is sequential (a block spans documents), so it runs as one generator; its cache
     # key is the input's fingerprint and the options, not a hash of the whole input.
-    fingerprint = Hasher.hash(
-        [_packed_rows, tokenized._fingerprint, block_size, separator_id, prefix, suffix]
-    )
+    fingerprint = Hasher.hash([_packed_rows, tokenized._fingerprint, *options.values()])
     gen_kwargs = {"tokenized": tokenized, **options}
     return cached_from_generator(_packed_rows, BLOCK_FEATURES, gen_kwargs, fingerprint)
 
