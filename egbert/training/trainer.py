@@ -234,7 +234,7 @@ class Trainer:
         flops_per_token: Callable[[int], float] | None = None,
     ) -> None:
         self.args, self.output_dir = args, Path(args.output_dir)
-        self.data_collator, self.tokenizer, self.card = data_collator, tokenizer, card
+        self.data_collator, self.card = data_collator, card
         # the tokenizer goes beside every saved model, checkpoints included: each one loads
         self._write_tokenizer = tokenizer_writer(tokenizer)
         self.epoch_ends = epoch_ends
