@@ -107,8 +107,7 @@ def test_tiny_preset_pretrains_and_validation_loss_falls(
     evals = split_records(out, "eval")
     assert [record["step"] for record in evals] == [12, 24, 36]
     assert metrics <= set(evals[-1])
-    # gpt falls ~0.09-0.15 here: the tiny tokenizer's ids change from one training to the next
-    # (tokenizers assigns the ## alphabet in hash-map order, huggingface/tokenizers#1794)
+    # gpt falls ~0.09-0.15 here
     if "rtd" in options:
         # rtd's total is 50 x the discriminator's loss, which is near its floor by step 12 and moves
         # by ±0.01 (±0.5 of the total) with the tokenizer: so the generator must learn, and the

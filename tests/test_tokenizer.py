@@ -5,16 +5,21 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from datasets import Dataset
 from option_coverage import proves
-from transformers import AutoTokenizer
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from egbert.cli import main as egbert_main
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.tokenizer import (
+    KINDS,
+    SPECIAL_TOKENS,
     check_vocab_matches,
     load_tokenizer,
     tokenizer_for_family,
@@ -377,3 +382,66 @@ def test_stats_count_the_lines_words_and_tokens_of_the_files(
         assert table["tokens"] == f"{sum(tokens):,}"  # without --json: a table for people
     with pytest.raises(SystemExit, match="byte 0xe9 at offset"):
         egbert_main(["tokenizer", "stats", *argv[:4]])
+
+
+TRAIN_IN_A_FRESH_PROCESS = """
+import sys
+from egbert.tokenizer import KINDS, train_tokenizer
+for kind in KINDS:
+    train_tokenizer([sys.argv[1]], kind=kind, vocab_size=1000, out_dir=f"{sys.argv[2]}/{kind}",
+                    show_progress=False)
+"""
+
+
+def test_training_gives_the_same_file_in_every_fresh_process(
+    wikitext_slice, subprocess_env, tmp_path
+):
+    """WordPiece's `##` pieces are numbered in hash-map order upstream (huggingface/tokenizers
+    #1794), a new order in each process: three processes, started together, must still write
+    byte-identical files of each kind."""
+    runs = [tmp_path / f"run-{run}" for run in range(3)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", TRAIN_IN_A_FRESH_PROCESS, str(wikitext_slice), str(out)],
+            env=subprocess_env,
+        )
+        for out in runs
+    ]
+    assert [process.wait(timeout=300) for process in processes] == [0] * len(processes)
+    for kind in KINDS:
+        files = [(run / kind / "tokenizer.json").read_bytes() for run in runs]
+        assert files[0] == files[1] == files[2], kind
+
+
+def test_wordpiece_learns_the_pieces_of_the_stock_trainer(wikitext_slice, tmp_path):
+    """egbert's way round #1794 learns what `WordPieceTrainer` learns, up to its ties: the same
+    alphabet, each character both as a word's start and as a `##` piece (characters beyond
+    U+1FFFF included), and nearly every merged piece; and a
+    tokenizer trained the stock way, as before the fix, still loads and encodes as it did."""
+    corpus = tmp_path / "corpus.txt"
+    rare = "x\U000e0100\U00030001y"  # a variation selector and a CJK Extension G character
+    text = wikitext_slice.read_text(encoding="utf-8")
+    corpus.write_text(f"{text}\n{rare} {rare} and ñandú 𝔸𝔹ℂ\n", encoding="utf-8")
+    stock = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    stock.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False)
+    stock.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    options = {"vocab_size": 1000, "min_frequency": 2, "show_progress": False}
+    trainer = trainers.WordPieceTrainer(special_tokens=SPECIAL_TOKENS, **options)
+    stock.train([str(corpus)], trainer=trainer)
+    ours = set(train_tokenizer([corpus], vocab_size=1000, show_progress=False).get_vocab())
+    expected = set(stock.get_vocab())
+
+    def alphabet(vocab: set[str]) -> set[str]:
+        return {piece for piece in vocab if len(piece.removeprefix("##")) == 1}
+
+    assert alphabet(ours) == alphabet(expected)
+    assert {f"##{char}" for char in rare[1:]} <= ours
+    assert len(ours) == len(expected) and len(ours ^ expected) <= 0.02 * len(expected)
+    old = tmp_path / "old-tokenizer"
+    stock.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        special_tokens=[(t, stock.token_to_id(t)) for t in ("[CLS]", "[SEP]")],
+    )
+    PreTrainedTokenizerFast(tokenizer_object=stock, unk_token="[UNK]").save_pretrained(old)
+    line = "The ñandú of Valkyria Chronicles III was released in 2011 ."
+    assert load_tokenizer(old)(line)["input_ids"] == stock.encode(line).ids
