@@ -3,11 +3,16 @@ interval against scipy.stats.bootstrap and against hand-counted cases."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
+from option_coverage import proves
 from scipy.stats import bootstrap, pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
+from egbert.cli import main as cli_main
 from egbert.finetune.significance import (
     Difference,
     compare,
@@ -114,3 +119,44 @@ def test_the_summary_line_counts_real_wins_and_losses():
     }
     line = summary_line("bert", "its twin", differences)
     assert line == "bert beats its twin on 1 of 3 tasks, loses on 1; 1 within noise"
+
+
+def probe_folder(path: Path, right: int, count: int = 40) -> Path:
+    """A probe run's results folder whose rte predictions are right on the first `right` of
+    `count` dev examples (labels alternate 1, 0)."""
+    references = [1 - i % 2 for i in range(count)]
+    predictions = [label if i < right else 1 - label for i, label in enumerate(references)]
+    dev = {"validation": {"references": references, "predictions": predictions}}
+    path.mkdir()
+    report = {"tasks": {"rte": {"score": right / count, "dev_predictions": dev}}}
+    (path / "probe_results.json").write_text(json.dumps(report), encoding="utf-8")
+    return path
+
+
+@proves("compare", "--samples", "--seed")
+def test_compare_prints_each_tasks_difference_and_interval(tmp_path, capsys):
+    a, b = probe_folder(tmp_path / "a", 36), probe_folder(tmp_path / "b", 20)
+    cli_main(["compare", str(a), str(b), "--seed", "1"])
+    first = capsys.readouterr().out
+    assert "| rte | +40.0 |" in first and "| A ahead |" in first  # (36 - 20) / 40
+    assert "A beats B on 1 of 1 tasks; 0 within noise" in first
+    few = ["compare", str(a), str(b), "--samples", "20"]  # a coarse interval: seeds show
+    outputs = []
+    for seed in (1, 1, 2):
+        cli_main([*few, "--seed", str(seed)])
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] != outputs[2]
+    cli_main(["compare", str(a), str(b), "--samples", "1"])  # one draw: a point, not a span
+    low, high = capsys.readouterr().out.split("| rte | +40.0 | [")[1].split("]")[0].split(", ")
+    assert low == high
+
+
+def test_compare_refuses_a_folder_without_dev_predictions_in_one_line(tmp_path, capsys):
+    a = probe_folder(tmp_path / "a", 30)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "probe_results.json").write_text('{"tasks": {"rte": {"score": 0.5}}}')
+    for other, message in ((tmp_path / "old", "no per-example dev predictions"),
+                           (tmp_path, "no eval_results.json")):  # fmt: skip
+        with pytest.raises(SystemExit) as stop:
+            cli_main(["compare", str(a), str(other)])
+        assert message in str(stop.value) and "\n" not in str(stop.value)

@@ -169,7 +169,7 @@ def task_differences(
 def interval(observed: float, drawn: np.ndarray, confidence: float = CONFIDENCE) -> Difference:
     """The percentile interval of the drawn differences, in points."""
     tail = 100 * (1 - confidence) / 2
-    low, high = np.percentile(drawn, [tail, 100 - tail])
+    low, high = (float(bound) for bound in np.percentile(drawn, [tail, 100 - tail]))
     return Difference(round(100 * observed, 2), round(100 * low, 2), round(100 * high, 2))
 
 
@@ -203,6 +203,22 @@ def summary_line(name: str, other: str, differences: Mapping[str, Difference]) -
     if losses:
         line += f", loses on {losses}"
     return f"{line}; {len(tasks) - wins - losses} within noise"
+
+
+def comparison_table(
+    comparisons: Mapping[str, Mapping[str, Difference]], tasks: Sequence[str], other: str
+) -> str:
+    """Markdown: a row per comparison, the difference (points) and its 95% interval per task and
+    on average, and how many tasks it wins, loses and leaves within noise against `other`."""
+    averaged = any("average" in differences for differences in comparisons.values())
+    columns = [*tasks, "average"] if averaged else list(tasks)
+    head = f"| comparison | {' | '.join(columns)} | verdict |"
+    lines = [head, "|---|" + "---:|" * len(columns) + "---|"]
+    for name, differences in comparisons.items():
+        cells = [str(differences[c]) if c in differences else "" for c in columns]
+        verdict = summary_line("", other, differences).strip()
+        lines.append(f"| {name} | {' | '.join(cells)} | {verdict} |")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- run folders
