@@ -25,8 +25,8 @@ import egbert
 from egbert.cli import main as cli_main
 from egbert.errors import ConfigError, DataError
 from egbert.pretrain.corpus import build_examples
-from egbert.pretrain.prepared_folder import PreparedFolder
-from egbert.pretrain.run import pretrain_arguments
+from egbert.pretrain.prepared_folder import PreparedFolder, folder_for_run
+from egbert.pretrain.run import parse_pretrain_args, pretrain_arguments
 from egbert.pretrain.shard_writer import token_dtype, write_examples
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
@@ -205,16 +205,22 @@ def test_pretrain_refuses_a_folder_of_other_options(corpus, tiny_tokenizer_dir, 
 
 @proves("pretrain", "--data")
 def test_pretrain_from_a_folder_equals_pretrain_from_the_files(
-    corpus, tiny_tokenizer_dir, tmp_path
+    corpus, tiny_tokenizer_dir, tmp_path, capsys
 ):
-    """bert with NSP, validation and max-eval-samples: the same losses and weights."""
+    """bert with NSP, validation and max-eval-samples: the same losses and weights, and the
+    same share of the corpus reported; the folder's run takes its --seq-len from the folder."""
     common = {"max_steps": 4, "eval_every": 2, "max_eval_samples": 16, "batch_size": 4}
     common |= {"report_to": "none", "seed": 5}
     run_options = options("bert", tiny_tokenizer_dir, corpus)
     egbert.run_pretraining(**run_options, **common, output_dir=str(tmp_path / "files"))
+    reported = [line for line in capsys.readouterr().out.splitlines() if "of the corpus's" in line]
     egbert.prepare_corpus(**run_options, output_dir=str(tmp_path / "folder"), seed=5)
-    data_options = {"model": "bert", "seq_len": 32, "data": str(tmp_path / "folder")}
+    capsys.readouterr()
+    data_options = {"model": "bert", "data": str(tmp_path / "folder")}  # seq_len: the folder's
     egbert.run_pretraining(**data_options, **common, output_dir=str(tmp_path / "prepared"))
+    out = capsys.readouterr().out
+    assert len(reported) == 1 and "training examples hold 100.0% of the corpus's" in reported[0]
+    assert reported[0] in out.splitlines()
     for split in ("train", "eval"):
         from_files = split_records(tmp_path / "files", split)
         from_folder = split_records(tmp_path / "prepared", split)
@@ -227,6 +233,76 @@ def test_pretrain_from_a_folder_equals_pretrain_from_the_files(
     second = load_file(tmp_path / "prepared/model/model.safetensors")
     for name, tensor in first.items():
         torch.testing.assert_close(second[name], tensor, atol=1e-6, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def word_tokenizer(tmp_path_factory) -> Path:
+    """One token a word (w0 .. w99), with bert's and gpt's special tokens: the tokens of a
+    corpus of such words are counted by hand."""
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<eos>"]
+    vocab = {token: index for index, token in enumerate(specials)}
+    vocab |= {f"w{i}": len(specials) + i for i in range(100)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    names = ("pad", "unk", "cls", "sep", "mask", "eos")
+    tokens = {f"{name}_token": token for name, token in zip(names, specials, strict=True)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tokens)
+    folder = tmp_path_factory.mktemp("word-tokenizer")
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("family", "seq_len", "used", "warned"),
+    [
+        # gpt: w0-w4 <eos> w5-w10 in the one block of 12; the rest of the second document and
+        # the third are the partial block dropped: 11 of 15
+        ("gpt", 12, 11, True),
+        # bert: every token in a pair (the NotNext segments of another document not counted)
+        ("bert", 8, 15, False),
+    ],
+)
+def test_prepare_records_and_reports_the_share_of_the_corpus_in_the_examples(
+    family, seq_len, used, warned, word_tokenizer, tmp_path, capsys
+):
+    text = "w0 w1 w2 w3 w4\n\nw5 w6 w7 w8 w9 w10 w11\n\nw12 w13 w14\n"  # 5 + 7 + 3 tokens
+    (tmp_path / "words.txt").write_text(text, encoding="utf-8")
+    folder = tmp_path / "folder"
+    argv = ["prepare", "--model", family, "--tokenizer", str(word_tokenizer)]
+    argv += ["--train-files", str(tmp_path / "words.txt"), "--seq-len", str(seq_len)]
+    cli_main([*argv, "--output-dir", str(folder)])
+    train = json.loads((folder / "manifest.json").read_text())["splits"]["train"]
+    assert (train["corpus_tokens"], train["corpus_tokens_used"]) == (15, used)
+    assert train["corpus_share_used"] == round(used / 15, 6)
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        f"egbert: the train examples hold {used / 15:.1%} of the corpus's 15 tokens ({used})" in out
+    )
+    warnings = [line for line in out if line.startswith("egbert: warning:")]
+    assert warnings == ([f"egbert: warning: only {used / 15:.1%} of the train corpus's tokens "
+                         "reach an example; the last partial block of each pack is dropped, so "
+                         "a corpus of few blocks loses much of itself: use a shorter --seq-len "
+                         "or more text"] if warned else [])  # fmt: skip
+
+
+def test_pretrain_takes_the_sequence_length_of_its_data_folder(small_folder, tmp_path, capsys):
+    """bert's recipe says 128; the folder holds examples of 32 tokens: a run takes 32, and an
+    explicit other --seq-len is refused in one line."""
+    argv = ["pretrain", "--model", "bert", "--data", str(small_folder)]
+    argv += ["--output-dir", str(tmp_path / "run"), "--report-to", "none"]
+    model_args, data_args, objective_args, _ = parse_pretrain_args(argv[1:])
+    assert data_args.seq_len == 32
+    folder_for_run(model_args.model, data_args, objective_args)  # accepted
+    _, python_data_args, _, _ = pretrain_arguments(
+        model="bert", data=str(small_folder), output_dir=str(tmp_path / "run")
+    )
+    assert python_data_args.seq_len == 32
+    with pytest.raises(SystemExit):
+        cli_main([*argv, "--print-config"])
+    assert "seq_len: 32  # recipe manifest.json in --data" in capsys.readouterr().out
+    message = _one_line_error([*argv, "--seq-len", "48"])
+    assert "seq_len 32 there, 48 here" in message and "leave out --seq-len" in message
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow

@@ -162,6 +162,25 @@ def test_tokenize_documents_splits_sentences_without_special_tokens(tmp_path: Pa
     assert all(len(doc) == 1 for doc in whole["input_ids"])
 
 
+@pytest.mark.parametrize(
+    ("line", "sentences"),
+    [
+        ("The cat sat. The dog ran! A bird.", ["The cat sat.", "The dog ran!", "A bird."]),
+        ("the cat sat . the dog ran ! a bird .", ["the cat sat .", "the dog ran !", "a bird ."]),
+        ('she said "go." then left', ['she said "go."', "then left"]),
+        ("我爱北京。天安门很大！你好吗？", ["我爱北京。", "天安门很大！", "你好吗？"]),
+        ("日本語の文です。 次の文です。", ["日本語の文です。", "次の文です。"]),
+        ("it cost 3.5 dollars in no. 7 street", ["it cost 3.5 dollars in no. 7 street"]),
+        ("no stop anywhere in this line", ["no stop anywhere in this line"]),
+    ],
+    ids=["cased", "lowercased", "quoted", "chinese", "japanese", "numbers", "unpunctuated"],
+)  # fmt: skip
+def test_sentences_are_found_in_lowercased_and_cjk_text(line, sentences):
+    """Sentences end at . ! ? before a letter of either case and at full-width stops; text
+    with neither stays whole (the pair builder cuts it into pieces: the next test)."""
+    assert data.sentences_of(line) == sentences
+
+
 def test_streaming_pipeline_matches_the_cached_one(wikitext_slice: Path, tokenizer):
     def blocks(streaming: bool) -> list[list[int]]:
         docs = sources.read_documents(
@@ -228,6 +247,42 @@ def test_nsp_pairs_are_well_formed(sentence_lengths, max_seq_length, seed):
             assert doc_a == doc_b and start_b > end_a
         else:
             assert doc_a != doc_b
+
+
+def document_positions(pair: dict, where: dict[int, tuple]) -> list[tuple]:
+    """The (document, position) of each token of a pair that is its own document's: A, and B
+    when it is the next one (IsNext)."""
+    tokens_a, tokens_b = segments(pair)
+    own = tokens_a + (tokens_b if pair["next_sentence_label"] == 0 else [])
+    return [where[token] for token in own]
+
+
+@settings(FAST, max_examples=12)
+@given(
+    st.lists(st.lists(st.integers(1, 300), min_size=1, max_size=6), min_size=2, max_size=6),
+    st.integers(8, 64),
+    st.integers(1, 2),
+    st.integers(0, 2**16),
+)
+def test_every_token_of_a_document_is_in_one_pair_of_each_pass(
+    sentence_lengths, max_seq_length, dupe_factor, seed
+):
+    """Sentences up to ten times the pair's length: each is cut into pieces, none truncated.
+    Each example's new_corpus_tokens counts the positions no earlier example held."""
+    docs, where = numbered_documents(sentence_lengths)
+    pairs = data.build_nsp_examples(
+        docs, max_seq_length, cls_id=CLS, sep_id=SEP, seed=seed, dupe_factor=dupe_factor
+    )
+    assert all(len(ids) <= max_seq_length for ids in pairs["input_ids"])
+    held = [place for pair in pairs for place in document_positions(pair, where)]
+    assert sorted(held) == sorted([*where.values()] * dupe_factor)  # each pass: each one, once
+    seen, new = set(), []
+    for pair in pairs:
+        places = set(document_positions(pair, where))
+        new.append(len(places - seen))
+        seen |= places
+    assert pairs[data.NEW_CORPUS_TOKENS] == new
+    assert sum(new) == len(where)
 
 
 def test_nsp_pairs_on_wikitext_are_balanced_and_within_the_limit(wiki_tokenized, tokenizer):

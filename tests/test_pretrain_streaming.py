@@ -30,10 +30,11 @@ def private_datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 @pytest.fixture(scope="module")
 def short_corpus(wikitext_slice: Path, tmp_path_factory) -> Path:
-    """20 lines of WikiText-2: a stream that ends (and restarts) within a few steps."""
+    """12 lines of WikiText-2: a stream that ends (and restarts) within a few steps (90 bert
+    pairs and 57 gpt blocks of 32 tokens)."""
     lines = wikitext_slice.read_text(encoding="utf-8").splitlines(keepends=True)
     path = tmp_path_factory.mktemp("stream") / "short.tokens"
-    path.write_text("".join(lines[:20]), encoding="utf-8")
+    path.write_text("".join(lines[:12]), encoding="utf-8")
     return path
 
 

@@ -7,9 +7,11 @@ takes the family and the parts of the options it reads: the data's, the objectiv
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 from datasets import Dataset, IterableDataset, concatenate_datasets
 
 from egbert.errors import ConfigError
@@ -17,6 +19,37 @@ from egbert.pretrain import collators, data, sources
 from egbert.pretrain.options import DataArguments, ObjectiveArguments
 
 Documents = Dataset | IterableDataset
+
+# Under this share of the corpus's tokens in the examples, prepare and pretrain warn.
+MIN_SHARE_USED = 0.9
+
+
+@dataclass(frozen=True)
+class CorpusUse:
+    """How much of a corpus its examples hold: its token positions (special tokens aside) and
+    how many of them are in at least one example (bert's NotNext segments, drawn from other
+    documents, are not counted again)."""
+
+    corpus_tokens: int
+    used_tokens: int
+
+    @property
+    def share(self) -> float:
+        return self.used_tokens / self.corpus_tokens if self.corpus_tokens else 1.0
+
+    def report(self, split: str) -> list[str]:
+        """What a run says of it: one line, and a warning under MIN_SHARE_USED."""
+        lines = [
+            f"egbert: the {split} examples hold {self.share:.1%} of the corpus's "
+            f"{self.corpus_tokens:,} tokens ({self.used_tokens:,})"
+        ]
+        if self.share < MIN_SHARE_USED:
+            lines.append(
+                f"egbert: warning: only {self.share:.1%} of the {split} corpus's tokens reach an "
+                "example; the last partial block of each pack is dropped, so a corpus of few "
+                "blocks loses much of itself: use a shorter --seq-len or more text"
+            )
+        return lines
 
 
 def load_corpus(data_args: DataArguments, seed: int) -> tuple[Documents, Documents | None]:
@@ -71,7 +104,9 @@ def build_examples(
         streaming=data_args.streaming,
         seed=seed,
     )
-    return examples_from_documents(family, data_args, objective_args, tokenizer, documents, seed)
+    parts = (family, data_args, objective_args, tokenizer, documents, seed)
+    examples, collator, _ = examples_from_documents(*parts)
+    return examples, collator
 
 
 def examples_from_documents(
@@ -81,11 +116,13 @@ def examples_from_documents(
     tokenizer,
     documents: Documents,
     seed: int,
-) -> tuple[Dataset | IterableDataset, Any]:
-    """Documents -> token ids -> this family's examples, and the collator for them."""
+) -> tuple[Dataset | IterableDataset, Any, CorpusUse | None]:
+    """Documents -> token ids -> this family's examples, their collator, and the share of the
+    corpus they hold (None for a stream: it is built as it is read)."""
     tokenized = tokenize_for_family(family, data_args, tokenizer, documents)
-    examples = examples_from_tokens(family, data_args, objective_args, tokenizer, tokenized, seed)
-    return examples, build_collator(family, objective_args, tokenizer, seed)
+    parts = (family, data_args, objective_args, tokenizer, tokenized, seed)
+    examples, use = examples_from_tokens(*parts)
+    return examples, build_collator(family, objective_args, tokenizer, seed), use
 
 
 def tokenize_for_family(
@@ -105,12 +142,13 @@ def examples_from_tokens(
     tokenizer,
     tokenized: Documents,
     seed: int,
-) -> Dataset | IterableDataset:
-    """Tokenized documents -> this family's examples (before the collator's dynamic masking)."""
-    if family != "bert":
-        return data.pack_blocks(tokenized, data_args.seq_len, tokenizer.eos_token_id)
+) -> tuple[Dataset | IterableDataset, CorpusUse | None]:
+    """Tokenized documents -> this family's examples (before the collator's dynamic masking),
+    and the share of the corpus they hold (None for a stream)."""
     ids = {"cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id}
-    if objective_args.nsp:
+    if family != "bert":
+        examples = data.pack_blocks(tokenized, data_args.seq_len, tokenizer.eos_token_id)
+    elif objective_args.nsp:
         examples = data.build_nsp_examples(
             tokenized,
             data_args.seq_len,
@@ -122,20 +160,43 @@ def examples_from_tokens(
         )
     else:
         examples = data.build_mlm_examples(tokenized, data_args.seq_len, **ids)
-        if objective_args.dupe_factor > 1:  # copies of the blocks, each masked differently below
-            examples = concatenate_datasets([examples] * objective_args.dupe_factor)
-    if (
-        objective_args.dupe_factor > 1
-    ):  # static masks, one set per duplicate, as BERT's original data
-        examples = data.add_static_masks(
-            examples,
-            tokenizer,
-            mlm_probability=objective_args.mlm_probability,
-            whole_word_mask=objective_args.whole_word_mask,
-            seed=seed,
-            num_proc=data_args.num_proc,
-        )
-    return examples
+    examples, use = _measured_use(examples, tokenized)
+    if objective_args.dupe_factor > 1:  # bert's alone (gpt and elmo refuse it)
+        examples = _static_masked_copies(examples, objective_args, data_args, tokenizer, seed)
+    return examples, use
+
+
+def _measured_use(
+    examples: Dataset | IterableDataset, tokenized: Documents
+) -> tuple[Dataset | IterableDataset, CorpusUse | None]:
+    """The examples without their NEW_CORPUS_TOKENS column, and its sum over the corpus's
+    tokens (None for a stream: it is built as it is read)."""
+    use = None
+    if isinstance(examples, Dataset):
+        used = pc.sum(examples.data.column(data.NEW_CORPUS_TOKENS)).as_py() or 0
+        use = CorpusUse(data.corpus_token_count(tokenized), used)
+    return examples.remove_columns(data.NEW_CORPUS_TOKENS), use
+
+
+def _static_masked_copies(
+    examples: Dataset,
+    objective_args: ObjectiveArguments,
+    data_args: DataArguments,
+    tokenizer,
+    seed: int,
+) -> Dataset:
+    """BERT's original data: --dupe-factor copies (NSP pairs are drawn anew in each pass
+    already; packed blocks are copied here), each masked once, differently."""
+    if not objective_args.nsp:
+        examples = concatenate_datasets([examples] * objective_args.dupe_factor)
+    return data.add_static_masks(
+        examples,
+        tokenizer,
+        mlm_probability=objective_args.mlm_probability,
+        whole_word_mask=objective_args.whole_word_mask,
+        seed=seed,
+        num_proc=data_args.num_proc,
+    )
 
 
 def build_collator(family: str, objective_args: ObjectiveArguments, tokenizer, seed: int) -> Any:

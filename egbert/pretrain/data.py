@@ -9,14 +9,17 @@ options, seed).
 
 Token ids (one row per document, column "input_ids": list of segments, each a list of ids):
     tokenize_documents(docs, tokenizer, split_sentences=True, num_proc=None, batch_size=1000)
-        segments are sentences (lines split after . ! ? before a capital), or the whole
-        document when split_sentences=False; no special tokens are added.
+        segments are sentences (SENTENCE_END: after . ! ? before a letter of either case, or
+        after a full-width stop), or the whole document when split_sentences=False; no special
+        tokens are added.
 
-Examples:
+Examples (each with a column NEW_CORPUS_TOKENS: how many of the corpus's token positions the
+example is the first to hold; egbert.pretrain.corpus sums it and drops it):
     build_nsp_examples(tokenized, max_seq_length=128, *, cls_id, sep_id, short_seq_prob=0.1,
                        nsp_probability=0.5, dupe_factor=1, seed=0, num_proc=None)
         BERT pairs `[CLS] A [SEP] B [SEP]`: columns input_ids, token_type_ids,
         next_sentence_label (0 = IsNext, 1 = NotNext, as transformers' BertForPreTraining).
+        Every token of a document is in a pair of each pass.
     build_mlm_examples(tokenized, max_seq_length=128, *, cls_id, sep_id)
         single-segment packed `[CLS] ... [SEP]` blocks for MLM without NSP.
     pack_blocks(tokenized, block_size, eos_id)
@@ -34,14 +37,19 @@ Data sets come back unshuffled, in document order: the trainer's sampler shuffle
 
 from __future__ import annotations
 
+import bisect
+import collections
 import hashlib
+import itertools
 import random
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset, Features, IterableDataset, List, Value
 from datasets.fingerprint import Hasher
 from tokenizers import Tokenizer
@@ -53,19 +61,27 @@ from egbert.pretrain.sources import cached_from_generator
 
 TokenizedDocs = Dataset | IterableDataset
 
+# Each example's count of the corpus's token positions that it is the first to hold (special
+# tokens and bert's NotNext segments are not the corpus's own positions): their sum over the
+# examples is how many positions reach at least one example (egbert.pretrain.corpus.CorpusUse).
+NEW_CORPUS_TOKENS = "new_corpus_tokens"
 TOKENIZED_FEATURES = Features({"input_ids": List(List(Value("int32")))})
-BLOCK_FEATURES = Features({"input_ids": List(Value("int32"))})
+BLOCK_FEATURES = Features({"input_ids": List(Value("int32")), NEW_CORPUS_TOKENS: Value("int32")})
 NSP_FEATURES = Features(
     {
         "input_ids": List(Value("int32")),
         "token_type_ids": List(Value("int8")),
         "next_sentence_label": Value("int8"),
+        NEW_CORPUS_TOKENS: Value("int32"),
     }
 )
 
-# A sentence ends at . ! or ? followed by whitespace and a capital. A heuristic, but BERT only
-# needs plausible sentence units to choose its A/B split points from.
-SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+# Where a sentence ends: . ! or ? (and any closing quote or bracket) before a space and a letter
+# of either case, so that lowercased text splits too; or a full-width stop (Chinese, Japanese),
+# which needs no space after it. Text with neither is one segment a line, and the pair builder
+# cuts a segment longer than its pair into pieces: BERT only needs plausible units to choose its
+# A/B split points from, and a missed boundary costs no tokens.
+SENTENCE_END = re.compile(r"[.!?][\"'”’)\]]*(\s+)(?=[^\W\d_])|[。！？｡][」』”’）]*(\s*)")
 # Documents per group of a streamed builder (see the module doc).
 STREAM_GROUP_DOCUMENTS = 1000
 
@@ -127,12 +143,17 @@ def token_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list
 def _segments(text: str, split_sentences: bool) -> list[str]:
     if not split_sentences:
         return [text]
-    return [
-        sentence
-        for line in text.split("\n")
-        for sentence in SENTENCE_BREAK.split(line)
-        if sentence.strip()
-    ]
+    return [sentence for line in text.split("\n") for sentence in sentences_of(line)]
+
+
+def sentences_of(line: str) -> list[str]:
+    """The sentences of one line of text (SENTENCE_END), the spaces between them dropped."""
+    sentences, start = [], 0
+    for match in SENTENCE_END.finditer(line):
+        sentences.append(line[start : match.start(match.lastindex)])  # up to the spaces
+        start = match.end()
+    sentences.append(line[start:])
+    return [sentence for sentence in sentences if sentence.strip()]
 
 
 # ---------------------------------------------------------------- BERT: sentence pairs with NSP
@@ -151,16 +172,16 @@ def build_nsp_examples(
     num_proc: int | None = None,
 ) -> Dataset | IterableDataset:
     """BERT's `[CLS] A [SEP] B [SEP]` pairs with next-sentence labels, as google-research/bert's
-    create_pretraining_data builds them (before masking).
+    create_pretraining_data builds them (before masking), but with every token of a document in
+    a pair: BERT truncates a chunk that overshoots its length and drops the rest, which loses
+    most of a corpus whose sentences are long or not found (a lowercased or unpunctuated one).
 
-    Sentences accumulate into a chunk until it reaches the target length (`max_seq_length - 3`,
-    or with probability `short_seq_prob` a random length from 2). A is the chunk's first k
-    sentences; B is the rest (IsNext, label 0) or, with probability `nsp_probability`, a span
-    from another document (NotNext, label 1) and the chunk's unused sentences start the next
-    chunk. A chunk of one sentence is cut at a random token for IsNext (BERT would make it
-    NotNext, unbalancing the labels when sentences are long). The longer of A and B loses
-    tokens from a random end until the pair fits the target length (BERT: the maximum).
-    `dupe_factor` passes give different pairs.
+    Each chunk is the document's next target length of tokens (`max_seq_length - 3`, or with
+    probability `short_seq_prob` a random length from 2), a sentence that reaches past it cut
+    there and continued in the next chunk. A is the chunk up to one of its sentence ends, drawn
+    at random (up to a random token where it holds none); B is the rest (IsNext, label 0) or,
+    with probability `nsp_probability`, a span from another document (NotNext, label 1), and
+    the chunk's rest then starts the next chunk. `dupe_factor` passes give different pairs.
     The result depends only on (documents, options, seed), not on `num_proc`.
     """
     if max_seq_length < 5:
@@ -224,8 +245,8 @@ def _nsp_batch(
 
 
 class StoredDocument(Sequence):
-    """One tokenized document of an Arrow table (a one-row `pa.Table`), its sentences made
-    Python lists one at a time, as they are read."""
+    """One tokenized document of an Arrow table (a one-row `pa.Table`): its sentences, each
+    read from Arrow only as far as it is sliced."""
 
     def __init__(self, row: pa.Table) -> None:
         self.sentences = row.column("input_ids")[0].values
@@ -233,8 +254,22 @@ class StoredDocument(Sequence):
     def __len__(self) -> int:
         return len(self.sentences)
 
-    def __getitem__(self, index: int) -> list[int]:
-        return self.sentences[index].as_py()
+    def __getitem__(self, index: int) -> StoredSentence:
+        return StoredSentence(self.sentences[index].values)
+
+
+class StoredSentence:
+    """A sentence of a StoredDocument: its length, and a slice of its ids as a list (a long
+    sentence of a one-line corpus is not made a Python list for the few tokens a span needs)."""
+
+    def __init__(self, ids: pa.Array) -> None:
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, part: slice) -> list[int]:
+        return self.ids[part].to_pylist()
 
 
 def _streaming_nsp_batch(batch: dict[str, list], **options) -> dict[str, list]:
@@ -263,13 +298,13 @@ def _document_key(document: list[list[int]]) -> int:
 
 
 def _empty_nsp_columns() -> dict[str, list]:
-    return {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
+    return {name: [] for name in NSP_FEATURES}
 
 
 def _add_pairs_of_document(
     document: list[list[int]],
     index: int,
-    other_document: Callable[[int, random.Random], Sequence[list[int]]],
+    other_document: Callable[[int, random.Random], Sequence[Sequence[int]]],
     examples: dict[str, list],
     *,
     max_seq_length: int,
@@ -280,72 +315,89 @@ def _add_pairs_of_document(
     dupe_factor: int,
     seed: int,
 ) -> None:
+    tokens = [token for sentence in document for token in sentence]
+    sentence_ends = list(itertools.accumulate(len(sentence) for sentence in document))
+    held = np.zeros(len(tokens), dtype=bool)  # the positions an example of an earlier pass holds
     for dupe in range(dupe_factor):
         # One generator per (seed, pass, document): the pairs do not depend on how the corpus
         # is split among processes. A string seed is hashed with SHA-512, stable everywhere.
         rng = random.Random(f"{seed}/{dupe}/{index}")
         pairs = _sentence_pairs(
-            document,
+            tokens,
+            sentence_ends,
             lambda rng=rng: other_document(index, rng),
             rng,
             max_num_tokens=max_seq_length - 3,
             short_seq_prob=short_seq_prob,
             nsp_probability=nsp_probability,
         )
-        for tokens_a, tokens_b, label in pairs:
+        for pair in pairs:
+            tokens_a, tokens_b = pair.tokens_a, pair.tokens_b
             examples["input_ids"].append([cls_id, *tokens_a, sep_id, *tokens_b, sep_id])
             examples["token_type_ids"].append([0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1))
-            examples["next_sentence_label"].append(label)
+            examples["next_sentence_label"].append(int(pair.random_next))
+            own = held[pair.start : pair.end]
+            examples[NEW_CORPUS_TOKENS].append(len(own) - int(own.sum()))
+            own[:] = True
+
+
+@dataclass
+class SentencePair:
+    """A and B of one example, and the positions of the document it holds: start:end (A's
+    tokens alone when B comes from another document)."""
+
+    tokens_a: list[int]
+    tokens_b: list[int]
+    random_next: bool
+    start: int
+    end: int
 
 
 def _sentence_pairs(
-    document: list[list[int]],
-    other_document: Callable[[], Sequence[list[int]]],
+    tokens: list[int],
+    sentence_ends: list[int],
+    other_document: Callable[[], Sequence[Sequence[int]]],
     rng: random.Random,
     max_num_tokens: int,
     short_seq_prob: float,
     nsp_probability: float,
-) -> list[tuple[list[int], list[int], int]]:
-    """(A, B, label) pairs from one document's sentences; label 1 means B is random (NotNext)."""
+) -> list[SentencePair]:
+    """The pairs of one document (its tokens, and where each of its sentences ends), every token
+    in one of them: each chunk is the next target length of tokens (a sentence longer than
+    that is cut into pieces, not truncated), A its sentences up to a random sentence end in
+    it (or a random token, where it holds none), B the rest, or, with probability
+    nsp_probability, a span of another document (NotNext), the rest then starting the next
+    chunk, as BERT puts the unused sentences back."""
     pairs = []
-    chunk: list[list[int]] = []
-    chunk_length = 0
-    target_length = _target_length(max_num_tokens, short_seq_prob, rng)
-    i = 0
-    while i < len(document):
-        chunk.append(document[i])
-        chunk_length += len(document[i])
-        if i == len(document) - 1 or chunk_length >= target_length:
-            random_next = rng.random() < nsp_probability
-            if len(chunk) == 1 and (random_next or len(chunk[0]) < 2):
-                random_next = True
-            elif len(chunk) == 1:
-                # One long sentence and IsNext: BERT would pair it with a random B anyway, which
-                # skews the labels towards NotNext (70% on WikiText at length 64). Cutting the
-                # sentence at a random token gives a genuine continuation instead.
-                chunk = _split_sentence(chunk[0], rng)
-            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-            tokens_a = [token for sentence in chunk[:a_end] for token in sentence]
-            if random_next:
-                tokens_b = _random_span(other_document(), target_length - len(tokens_a), rng)
-                i -= len(chunk) - a_end  # the unused sentences go back: the next chunk starts there
-            else:
-                tokens_b = [token for sentence in chunk[a_end:] for token in sentence]
-            # To the target, not (as BERT) to max_num_tokens: long sentences would otherwise
-            # overshoot a short target and short_seq_prob would give few short pairs.
-            _truncate_pair(tokens_a, tokens_b, target_length, rng)
-            pairs.append((tokens_a, tokens_b, int(random_next)))
-            chunk, chunk_length = [], 0
-            # Drawn per chunk (BERT draws once per document), so that short_seq_prob is the
-            # share of short examples, which is how the paper describes it.
-            target_length = _target_length(max_num_tokens, short_seq_prob, rng)
-        i += 1
+    start = 0
+    while start < len(tokens):
+        # Drawn per chunk (BERT draws once per document), so that short_seq_prob is the
+        # share of short examples, which is how the paper describes it.
+        target_length = _target_length(max_num_tokens, short_seq_prob, rng)
+        end = min(start + target_length, len(tokens))
+        # the sentence ends strictly inside the chunk: where A may stop
+        inside = sentence_ends[
+            bisect.bisect_right(sentence_ends, start) : bisect.bisect_left(sentence_ends, end)
+        ]
+        random_next = rng.random() < nsp_probability
+        if inside:
+            a_end = inside[rng.randrange(len(inside))]
+        elif end - start >= 2:
+            # One sentence, or a piece of a long one: cut at a random token, so that IsNext is
+            # a genuine continuation (BERT would pair it with a random B, which skews the labels
+            # towards NotNext: 70% on WikiText at length 64).
+            a_end = rng.randint(start + 1, end - 1)
+        else:  # one token left: it can only be A
+            a_end, random_next = end, True
+        tokens_a = tokens[start:a_end]
+        if random_next:
+            tokens_b = _random_span(other_document(), target_length - len(tokens_a), rng)
+            pairs.append(SentencePair(tokens_a, tokens_b, True, start, a_end))
+            start = a_end  # the chunk's rest goes back: the next chunk starts there
+        else:
+            pairs.append(SentencePair(tokens_a, tokens[a_end:end], False, start, end))
+            start = end
     return pairs
-
-
-def _split_sentence(sentence: list[int], rng: random.Random) -> list[list[int]]:
-    cut = rng.randint(1, len(sentence) - 1)
-    return [sentence[:cut], sentence[cut:]]
 
 
 def _target_length(max_num_tokens: int, short_seq_prob: float, rng: random.Random) -> int:
@@ -355,33 +407,18 @@ def _target_length(max_num_tokens: int, short_seq_prob: float, rng: random.Rando
     return max_num_tokens
 
 
-def _random_span(
-    document: Sequence[list[int]], target_length: int, rng: random.Random
-) -> list[int]:
-    """Consecutive sentences of `document` from a random one until `target_length` tokens."""
-    tokens: list[int] = []
-    for index in range(rng.randrange(len(document)), len(document)):
-        tokens.extend(document[index])
-        if len(tokens) >= target_length:
-            break
+def _random_span(document: Sequence[Sequence[int]], length: int, rng: random.Random) -> list[int]:
+    """`length` consecutive tokens of `document` (fewer where it ends first) from the start of
+    a random sentence, or from a random token of one longer than `length` (so that a long
+    sentence does not always give its first tokens)."""
+    index = rng.randrange(len(document))
+    sentence = document[index]
+    start = rng.randrange(len(sentence) - length + 1) if len(sentence) > length else 0
+    tokens = sentence[start : start + length]
+    while len(tokens) < length and index + 1 < len(document):
+        index += 1
+        tokens += document[index][: length - len(tokens)]
     return tokens
-
-
-def _truncate_pair(tokens_a: list[int], tokens_b: list[int], max_tokens: int, rng: random.Random):
-    """Tokens off the longer of A and B, one at a time, until the pair fits `max_tokens`. The
-    cuts are counted first and made in one slice each (deleting a list's first item one by one
-    is quadratic)."""
-    lengths, front, back = [len(tokens_a), len(tokens_b)], [0, 0], [0, 0]
-    while lengths[0] + lengths[1] > max_tokens:
-        longer = 0 if lengths[0] > lengths[1] else 1
-        lengths[longer] -= 1
-        # From either end at random, as BERT does, so no end of a sentence is always kept.
-        if rng.random() < 0.5:
-            front[longer] += 1
-        else:
-            back[longer] += 1
-    for side, tokens in enumerate((tokens_a, tokens_b)):
-        tokens[:] = tokens[front[side] : front[side] + lengths[side]]
 
 
 # ---------------------------------------------------------------- packed blocks
@@ -429,17 +466,8 @@ def _packed_batch(
     suffix: tuple[int, ...],
 ) -> dict[str, list]:
     """The blocks of one group of streamed documents; its last partial block is dropped."""
-    buffer: list[int] = []
-    for document in batch["input_ids"]:
-        for segment in document:
-            buffer.extend(segment)
-        buffer.append(separator_id)
-    full = len(buffer) // block_size * block_size
-    blocks = [
-        [*prefix, *buffer[start : start + block_size], *suffix]
-        for start in range(0, full, block_size)
-    ]
-    return {"input_ids": blocks}
+    blocks = list(_blocks(batch["input_ids"], block_size, separator_id, prefix, suffix))
+    return {name: [block[name] for block in blocks] for name in BLOCK_FEATURES}
 
 
 def _packed_rows(
@@ -448,24 +476,61 @@ def _packed_rows(
     separator_id: int,
     prefix: tuple[int, ...],
     suffix: tuple[int, ...],
-) -> Iterator[dict[str, list[int]]]:
-    buffer: list[int] = []
+) -> Iterator[dict[str, Any]]:
+    documents = (
+        document
+        for batch in tokenized.with_format(None).iter(batch_size=1000)
+        for document in batch["input_ids"]
+    )
     blocks = 0
-    for batch in tokenized.with_format(None).iter(batch_size=1000):
-        for document in batch["input_ids"]:
-            for segment in document:
-                buffer.extend(segment)
-            buffer.append(separator_id)
-            full = len(buffer) // block_size
-            for start in range(0, full * block_size, block_size):
-                yield {"input_ids": [*prefix, *buffer[start : start + block_size], *suffix]}
-            blocks += full
-            del buffer[: full * block_size]
+    for block in _blocks(documents, block_size, separator_id, prefix, suffix):
+        blocks += 1
+        yield block
     if blocks == 0:
+        joined = corpus_token_count(tokenized) + len(tokenized)
         raise DataError(
-            f"the corpus has {len(buffer)} tokens, less than one block of {block_size}; "
-            "give it more text or use a shorter sequence length"
+            f"the corpus has {joined} tokens (with a separator after each document), less than "
+            f"one block of {block_size}; give it more text or use a shorter sequence length"
         )
+
+
+def _blocks(
+    documents: Iterable[list[list[int]]],
+    block_size: int,
+    separator_id: int,
+    prefix: tuple[int, ...],
+    suffix: tuple[int, ...],
+) -> Iterator[dict[str, Any]]:
+    """The documents joined, each followed by the separator, in blocks of `block_size` (the
+    last partial one dropped), each wrapped in prefix and suffix, with its count of the
+    corpus's tokens (the block less its separators)."""
+    buffer: list[int] = []
+    emitted = 0  # tokens of the joined documents already in blocks (and out of the buffer)
+    separators: collections.deque[int] = collections.deque()  # their places, from the start
+    for document in documents:
+        for segment in document:
+            buffer.extend(segment)
+        separators.append(emitted + len(buffer))
+        buffer.append(separator_id)
+        full = len(buffer) // block_size * block_size
+        for start in range(0, full, block_size):
+            end = emitted + start + block_size
+            inside = 0
+            while separators and separators[0] < end:
+                separators.popleft()
+                inside += 1
+            yield {
+                "input_ids": [*prefix, *buffer[start : start + block_size], *suffix],
+                NEW_CORPUS_TOKENS: block_size - inside,
+            }
+        del buffer[:full]
+        emitted += full
+
+
+def corpus_token_count(tokenized: Dataset) -> int:
+    """The tokens of tokenized documents (no special tokens: none is added), counted in Arrow."""
+    segments = pc.list_flatten(tokenized.data.column("input_ids"))
+    return pc.sum(pc.list_value_length(segments)).as_py() or 0
 
 
 def add_static_masks(

@@ -19,7 +19,6 @@ a folder instead.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 from dataclasses import asdict
@@ -27,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import pyarrow.compute as pc
 
 from egbert import __version__
 from egbert.arguments import arguments_from_options, parse_args
@@ -48,7 +46,13 @@ from egbert.pretrain.options import (
     check_pretraining_options,
     example_options,
 )
-from egbert.pretrain.prepared_folder import FORMAT, MANIFEST, PreparedFolder, tokenizer_hash
+from egbert.pretrain.prepared_folder import (
+    FORMAT,
+    MANIFEST,
+    PreparedFolder,
+    manifest_value,
+    tokenizer_hash,
+)
 from egbert.pretrain.shard_writer import token_dtype, write_examples, write_manifest
 from egbert.tokenizer import load_tokenizer
 
@@ -115,10 +119,7 @@ def examples_recipe(options: dict[str, Any]) -> dict[str, Any]:
 def _manifest_family(folder: str | None) -> str | None:
     """The family a prepared folder's manifest names (None where it names none: opening the
     folder says what is wrong)."""
-    try:
-        family = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))["family"]
-    except (TypeError, OSError, ValueError, KeyError):
-        return None
+    family = manifest_value(folder, "family")
     return family if family in MODEL_FAMILIES else None
 
 
@@ -153,13 +154,18 @@ def prepare(
                 if documents is None:
                     continue
                 tokenized = tokenize_for_family(family, data_args, tokenizer, documents)
-                examples = examples_from_tokens(
+                examples, use = examples_from_tokens(
                     family, data_args, objective_args, tokenizer, tokenized, prepare_args.seed
                 )
                 splits[split] = {
-                    **_corpus_counts(tokenized),
+                    "documents": len(tokenized),
+                    "corpus_tokens": use.corpus_tokens,
+                    "corpus_tokens_used": use.used_tokens,
+                    "corpus_share_used": round(use.share, 6),
                     **write_examples(examples, temporary / split, dtype),
                 }
+                if split == "train":
+                    print(*use.report(split), sep="\n", flush=True)
                 del tokenized, examples, documents  # their cache files go with the cache folder
             del train, validation
         shutil.rmtree(temporary / "cache")
@@ -252,9 +258,3 @@ def _datasets_cache_in(folder: Path):
         yield
     finally:
         datasets.config.HF_DATASETS_CACHE = saved
-
-
-def _corpus_counts(tokenized: datasets.Dataset) -> dict[str, int]:
-    segments = pc.list_flatten(tokenized.data.column("input_ids"))
-    tokens = pc.sum(pc.list_value_length(segments)).as_py() or 0
-    return {"documents": len(tokenized), "corpus_tokens": tokens}

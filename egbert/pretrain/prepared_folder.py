@@ -46,6 +46,7 @@ import numpy as np
 from torch.utils.data import Dataset as TorchDataset
 
 from egbert.errors import ConfigError, DataError
+from egbert.pretrain.corpus import CorpusUse
 from egbert.pretrain.options import DataArguments, ObjectiveArguments, example_options
 from egbert.tokenizer import load_tokenizer
 
@@ -90,6 +91,16 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         found = manifest.get("format") if isinstance(manifest, dict) else None
         raise DataError(f"{path}: format {found!r}, this egbert reads {FORMAT!r}; prepare it again")
     return manifest
+
+
+def manifest_value(folder: str | os.PathLike | None, name: str) -> Any:
+    """Field `name` of the manifest in `folder`, or None where there is none to read (opening
+    the folder says what is wrong): what the options' defaults take from a folder."""
+    try:
+        manifest = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+        return manifest.get(name)
+    except (TypeError, OSError, ValueError, AttributeError):
+        return None
 
 
 def _damaged(folder: str | os.PathLike) -> str:
@@ -179,6 +190,14 @@ class PreparedFolder:
                     checked += 1
         return checked
 
+    def corpus_use(self, split: str) -> CorpusUse | None:
+        """The share of the corpus the split's examples hold, as `egbert prepare` measured it
+        (None for a folder prepared before it was recorded)."""
+        counts = self.manifest["splits"][split]
+        if "corpus_tokens_used" not in counts:
+            return None
+        return CorpusUse(counts["corpus_tokens"], counts["corpus_tokens_used"])
+
     def has_split(self, split: str) -> bool:
         return split in self.manifest["splits"]
 
@@ -217,9 +236,12 @@ class PreparedFolder:
             if held.get(name) != wanted.get(name)
         ]
         if differences:
+            fix = "pass the folder's options or prepare it again"
+            if args.seq_len != self.seq_len:
+                fix = f"leave out --seq-len (a run takes the folder's {self.seq_len}) or {fix}"
             raise ConfigError(
                 f"--data {self.folder} was prepared with other options ({'; '.join(differences)});"
-                " pass the folder's options or prepare it again"
+                f" {fix}"
             )
 
     def load_tokenizer(self, given: str | None):

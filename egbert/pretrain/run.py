@@ -36,6 +36,7 @@ from transformers import PreTrainedModel
 from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
 from egbert.config import (
     MODEL_FAMILIES,
+    RecipeValues,
     TrainingArguments,
     apply_config_overrides,
     load_preset,
@@ -54,6 +55,7 @@ from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 from egbert.pretrain import prepared_folder as prepared
 from egbert.pretrain.corpus import (
+    CorpusUse,
     build_collator,
     examples_from_documents,
     file_identities,
@@ -108,10 +110,22 @@ def run_pretraining(**options: Any) -> TrainOutput:
 
 def pretrain_arguments(**options: Any) -> PretrainOptions:
     """The options of `run_pretraining` as its dataclasses, the family's recipe under them."""
-    recipe = pretraining_recipe(options)
+    recipe = pretraining_defaults(options)
     return arguments_from_options(
         PRETRAIN_ARGUMENTS, options, recipe, check=check_pretraining_options
     )
+
+
+def pretraining_defaults(options: dict[str, Any]) -> RecipeValues:
+    """The family's pretraining recipe; with --data, the sequence length its examples were
+    prepared with over it (an explicit --seq-len that differs is refused when the folder is
+    opened)."""
+    recipe = pretraining_recipe(options)
+    seq_len = prepared.manifest_value(options.get("data"), "seq_len")
+    if isinstance(seq_len, int):
+        recipe["seq_len"] = seq_len
+        recipe.origins["seq_len"] = f"{prepared.MANIFEST} in --data"
+    return recipe
 
 
 def parse_pretrain_args(argv: list[str] | None) -> PretrainOptions:
@@ -122,7 +136,8 @@ def parse_pretrain_args(argv: list[str] | None) -> PretrainOptions:
         argv,
         "egbert pretrain",
         DESCRIPTION,
-        recipe=pretraining_recipe,
+        recipe=pretraining_defaults,
+        recipe_keys=("model", "init_from", "data"),
         recipe_choices={"model": MODEL_FAMILIES},
         hints=SCRIPT_HINTS,
         check=check_pretraining_options,
@@ -216,7 +231,7 @@ def pretraining_trainer(
     batch_metrics, finalize_metrics = EVAL_METRICS[
         "rtd" if objective_args.objective == "rtd" else family
     ]
-    return Trainer(
+    trainer = Trainer(
         model,
         training_args,
         data.train,
@@ -236,6 +251,9 @@ def pretraining_trainer(
         ),
         flops_per_token=model_flops_per_token(model, family, objective_args),
     )
+    for line in data.corpus_use.report("training") if data.corpus_use else []:
+        trainer.log.message(line)
+    return trainer
 
 
 # ---------------------------------------------------------------- model
@@ -312,10 +330,13 @@ def _load_existing_model(
 
 @dataclass
 class PretrainingData:
-    """A run's examples and their collators (eval: None without validation data)."""
+    """A run's examples and their collators (eval: None without validation data), and the share
+    of the training corpus they hold (None where it is not known: a stream, or a folder
+    prepared before egbert recorded it)."""
 
     train: Dataset | IterableDataset | prepared.PreparedExamples
     collator: Callable
+    corpus_use: CorpusUse | None
     eval: Dataset | IterableDataset | prepared.PreparedExamples | Subset | None = None
     eval_collator: Callable | None = None
 
@@ -333,7 +354,7 @@ def pretraining_data(
     parts = (family, data_args, objective_args, tokenizer)
     if folder:  # tokenized once by `egbert prepare`: read from its memory-mapped shards
         collator = build_collator(family, objective_args, tokenizer, seed)
-        data = PretrainingData(folder.examples("train"), collator)
+        data = PretrainingData(folder.examples("train"), collator, folder.corpus_use("train"))
         if folder.has_split("validation"):
             data.eval = folder.examples("validation")
             data.eval_collator = build_collator(family, objective_args, tokenizer, seed)
@@ -344,7 +365,7 @@ def pretraining_data(
             data.train = data.train.shuffle(seed=seed, buffer_size=data_args.shuffle_buffer)
         if eval_documents is not None:
             # Its own collator: the eval masks stay those of epoch 0, so evaluations compare.
-            data.eval, data.eval_collator = examples_from_documents(*parts, eval_documents, seed)
+            data.eval, data.eval_collator, _ = examples_from_documents(*parts, eval_documents, seed)
     if data_args.max_train_samples is not None:
         data.train = first_examples(data.train, data_args.max_train_samples)
     if data.eval is not None and data_args.max_eval_samples is not None:
