@@ -141,16 +141,28 @@ def quiet_warnings(*loggers: str) -> Iterator[None]:
     """The warnings of these loggers left unsaid, unless their verbosity was raised to info or
     more: transformers' load report (at every load: egbert's loads, of a backbone under a new
     head or a base model out of a pretraining one, expect its missing and unexpected weights)
-    and accelerate's "Removed shared tensor" (gpt's tied output weights, at every save)."""
-    saved = {name: logging.getLogger(name).level for name in loggers}
-    for name in loggers:
-        if logging.getLogger(name).getEffectiveLevel() >= logging.WARNING:
-            logging.getLogger(name).setLevel(logging.ERROR)
+    and accelerate's "Removed shared tensor" (gpt's tied output weights, at every save).
+
+    A filter, not a higher level: transformers checks a model's tensor-parallel plan whenever
+    modeling_utils' logger has a level of its own at WARNING or above (transformers 5.24,
+    `_load_pretrained_model`), and for a model without a plan, as every egbert model is, warns
+    "The following layers were not sharded: ..." with every layer named."""
+    quieted = [
+        logging.getLogger(name)
+        for name in loggers
+        if logging.getLogger(name).getEffectiveLevel() >= logging.WARNING
+    ]
+    for logger in quieted:
+        logger.addFilter(_errors_only)
     try:
         yield
     finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
+        for logger in quieted:
+            logger.removeFilter(_errors_only)
+
+
+def _errors_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR
 
 
 LOAD_REPORT = "transformers.modeling_utils"

@@ -242,8 +242,9 @@ def model_card(
 from transformers import AutoModel, AutoTokenizer
 
 # with egbert installed, `import egbert` registers its model types; without it, the modeling
-# files in this folder are used when you pass trust_remote_code=True
-tokenizer = AutoTokenizer.from_pretrained("{name}")
+# files in this folder are used when you pass trust_remote_code=True (the tokenizer is
+# transformers' own, but AutoTokenizer reads the model's config.json first)
+tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)
 model = AutoModel.from_pretrained("{name}", trust_remote_code=True)
 ```
 

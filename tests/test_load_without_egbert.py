@@ -1,7 +1,8 @@
 """A folder written by save_pretrained loads through transformers' Auto classes in a Python where
 egbert cannot be imported (the folder's own copies of egbert/models' files, named in config.json's
 auto_map), and gives egbert's outputs; with egbert imported, the same folder loads egbert's own
-classes without running or asking about the folder's code."""
+classes without running or asking about the folder's code. transformers' Trainer fine-tunes
+every pretrained folder there, through AutoModelForSequenceClassification."""
 
 from __future__ import annotations
 
@@ -13,25 +14,32 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import PreTrainedTokenizerFast
 
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 from egbert.models.heads import (
+    CLASSIFIERS,
     EgbertBertForSequenceClassification,
     EgbertElmoForSequenceClassification,
 )
+from egbert.tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_for_model
 
 REPO = Path(__file__).resolve().parents[1]
 TRANSFORMER = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2)
 ELMO = dict(vocab_size=60, hidden_size=8, cell_size=16, num_hidden_layers=2)
 
-# Loads every Auto class the auto_map of every folder under argv[1]/models names, runs it on
-# argv[1]/inputs.pt and saves the outputs to argv[1]/<argv[2]>.pt. "without": egbert cannot be
-# imported and the folders' code is trusted; "with": egbert is imported, nothing is trusted, and
-# any question to the user fails.
+# Loads every Auto class the auto_map of every folder under argv[1]/models names (each from the
+# same seed: a head the folder lacks starts alike in both runs) and the folder's tokenizer, runs
+# it on argv[1]/inputs.pt and saves the outputs to argv[1]/<argv[2]>.pt. "without": egbert cannot
+# be imported and the folders' code is trusted; "with": egbert is imported, nothing is trusted,
+# and any question to the user fails. Then, "without" only: transformers' Trainer fine-tunes each
+# pretrained folder's AutoModelForSequenceClassification for three steps on the first 200 RTE
+# pairs of argv[3], and the weights it ends with and its logits on the first 8 dev pairs go to
+# argv[1]/finetuned-<folder>.pt.
 LOADER = """
-import builtins, json, sys
+import builtins, csv, json, sys
 from pathlib import Path
 
 if sys.argv[2] == "without":
@@ -51,7 +59,11 @@ root = Path(sys.argv[1])
 inputs = torch.load(root / "inputs.pt")
 results = {}
 for folder in sorted((root / "models").iterdir()):
+    if (folder / "tokenizer.json").is_file():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **trust)
+        results[f"{folder.name}/tokenizer/class"] = type(tokenizer).__module__
     for auto_name in json.loads((folder / "config.json").read_text())["auto_map"]:
+        torch.manual_seed(0)
         loaded = getattr(transformers, auto_name).from_pretrained(folder, **trust)
         key = f"{folder.name}/{auto_name}"
         results[f"{key}/module"] = type(loaded).__module__
@@ -76,6 +88,50 @@ results["folder modules"] = sorted(
     name for name in sys.modules if name.startswith("transformers_modules")
 )
 torch.save(results, root / f"{sys.argv[2]}.pt")
+if sys.argv[2] == "with":
+    sys.exit()
+
+
+def rte_pairs(split, count):
+    with open(Path(sys.argv[3]) / f"{split}.tsv", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file, delimiter="\t", quoting=csv.QUOTE_NONE))[:count]
+    return rows
+
+
+labels = {"entailment": 0, "not_entailment": 1}
+for name in ("bert", "gpt", "elmo"):
+    folder = root / "models" / name
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **trust)
+    encode = lambda rows: tokenizer(
+        [row["sentence1"] for row in rows], [row["sentence2"] for row in rows],
+        truncation=True, max_length=64,
+    )
+    train = rte_pairs("train", 200)
+    encoded = encode(train)
+    examples = [
+        {**{key: values[i] for key, values in encoded.items()}, "labels": labels[row["label"]]}
+        for i, row in enumerate(train)
+    ]
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        folder, num_labels=2, **trust
+    )
+    arguments = transformers.TrainingArguments(
+        output_dir=str(root / "trainer" / name), max_steps=3, per_device_train_batch_size=8,
+        learning_rate=1e-3, report_to="none", save_strategy="no", use_cpu=True, seed=0,
+        disable_tqdm=True,
+    )
+    transformers.Trainer(
+        model=model, args=arguments, train_dataset=examples,
+        data_collator=transformers.DataCollatorWithPadding(tokenizer),
+    ).train()
+    dev = tokenizer.pad(encode(rte_pairs("dev", 8)), return_tensors="pt")
+    with torch.no_grad():
+        logits = model.eval()(**dev).logits
+    state = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    torch.save(
+        {"module": type(model).__module__, "inputs": dict(dev), "logits": logits, "state": state},
+        root / f"finetuned-{name}.pt",
+    )
 """
 
 
@@ -108,15 +164,31 @@ dist.destroy_process_group()
 """
 
 
+def letter_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
+    """A WordPiece tokenizer whose 58 tokens, egbert's specials and the letters (word-initial
+    and not), fit the tiny models' vocabulary: every word of letters is read letter by letter."""
+    letters = [chr(code) for code in range(ord("a"), ord("z") + 1)]
+    vocab = [*SPECIAL_TOKENS, *letters, *(f"##{letter}" for letter in letters)]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    return load_tokenizer(folder / "vocab.txt")
+
+
 def save_tiny_models(models_dir: Path) -> None:
-    """One tiny model of each kind egbert saves, built directly from its config."""
+    """One tiny model of each kind egbert saves, built directly from its config; the pretrained
+    ones with their family's tokenizer, as egbert's runs save them."""
     torch.manual_seed(0)
-    EgbertBertForPreTraining(EgbertBertConfig(**TRANSFORMER, intermediate_size=32)).save_pretrained(
-        models_dir / "bert"
-    )
+    models_dir.mkdir(parents=True)
+    tokenizer = letter_tokenizer(models_dir.parent)
+    bert = EgbertBertConfig(**TRANSFORMER, intermediate_size=32)
     gpt = EgbertGPTConfig(**TRANSFORMER, intermediate_size=32, initializer_range=0.2)
-    EgbertGPTForCausalLM(gpt).save_pretrained(models_dir / "gpt")
-    EgbertElmoForBidirectionalLM(EgbertElmoConfig(**ELMO)).save_pretrained(models_dir / "elmo")
+    pretrained = {
+        "bert": EgbertBertForPreTraining(bert),
+        "gpt": EgbertGPTForCausalLM(gpt),
+        "elmo": EgbertElmoForBidirectionalLM(EgbertElmoConfig(**ELMO)),
+    }
+    for name, model in pretrained.items():
+        model.save_pretrained(models_dir / name)
+        tokenizer_for_model(tokenizer, model.config).save_pretrained(models_dir / name)
     bert = EgbertBertConfig(**TRANSFORMER, intermediate_size=32, num_labels=3)
     EgbertBertForSequenceClassification(bert, classifier_features="cls").save_pretrained(
         models_dir / "bert-classifier"
@@ -128,7 +200,7 @@ def save_tiny_models(models_dir: Path) -> None:
     classifier.save_pretrained(models_dir / "elmo-classifier")
 
 
-def load_in_subprocess(root: Path, mode: str) -> dict:
+def load_in_subprocess(root: Path, mode: str, rte_dir: Path) -> dict:
     # the caller's PYTHONPATH but this checkout (packages may come from there, as on a GPU
     # machine with wheels installed into a folder); "with" puts the checkout first
     inherited = [
@@ -143,16 +215,17 @@ def load_in_subprocess(root: Path, mode: str) -> dict:
         "PYTHONPATH": os.pathsep.join(paths),
     }
     subprocess.run(
-        [sys.executable, str(root / "loader.py"), str(root), mode],
+        [sys.executable, str(root / "loader.py"), str(root), mode, str(rte_dir)],
         check=True,
         cwd=root,  # not the repository: its egbert/ must not be found as a folder
         env=env,
+        stdin=subprocess.DEVNULL,  # a question to the user fails at once
     )
     return torch.load(root / f"{mode}.pt")
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
+def loaded(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> tuple[Path, dict, dict]:
     """The folders, and what they give when loaded without egbert and with it."""
     root = tmp_path_factory.mktemp("folders")
     save_tiny_models(root / "models")
@@ -164,7 +237,8 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
         root / "inputs.pt",
     )
     (root / "loader.py").write_text(LOADER, encoding="utf-8")
-    return root, load_in_subprocess(root, "without"), load_in_subprocess(root, "with")
+    rte = data_dir / "glue" / "RTE"
+    return root, load_in_subprocess(root, "without", rte), load_in_subprocess(root, "with", rte)
 
 
 EXPECTED_AUTO_MAPS = {
@@ -173,16 +247,19 @@ EXPECTED_AUTO_MAPS = {
         "AutoModel": "bert.EgbertBertModel",
         "AutoModelForPreTraining": "bert.EgbertBertForPreTraining",
         "AutoModelForMaskedLM": "bert.EgbertBertForMaskedLM",
+        "AutoModelForSequenceClassification": "heads.EgbertBertForSequenceClassification",
     },
     "gpt": {
         "AutoConfig": "gpt.EgbertGPTConfig",
         "AutoModel": "gpt.EgbertGPTModel",
         "AutoModelForCausalLM": "gpt.EgbertGPTForCausalLM",
+        "AutoModelForSequenceClassification": "heads.EgbertGPTForSequenceClassification",
     },
     "elmo": {
         "AutoConfig": "elmo.EgbertElmoConfig",
         "AutoModel": "elmo.EgbertElmoModel",
         "AutoModelForPreTraining": "elmo.EgbertElmoForBidirectionalLM",
+        "AutoModelForSequenceClassification": "heads.EgbertElmoForSequenceClassification",
     },
     "bert-classifier": {
         "AutoConfig": "bert.EgbertBertConfig",
@@ -197,8 +274,8 @@ EXPECTED_AUTO_MAPS = {
 }
 
 
-MODEL_FILES = {"layers.py", "kernels.py"}
-CLASSIFIER_FILES = MODEL_FILES | {"heads.py", "bert.py", "gpt.py", "elmo.py"}
+# every folder: its family's file, the classifier's (heads.py), and the files these import
+MODEL_FILES = {"layers.py", "kernels.py", "heads.py", "bert.py", "gpt.py", "elmo.py"}
 
 
 @pytest.mark.slow
@@ -207,14 +284,9 @@ def test_every_folder_names_its_auto_classes_and_holds_their_files(loaded) -> No
     for folder, expected in EXPECTED_AUTO_MAPS.items():
         path = root / "models" / folder
         assert json.loads((path / "config.json").read_text())["auto_map"] == expected, folder
-        files = {file.name for file in path.glob("*.py")}
-        family = expected["AutoConfig"].split(".")[0]
-        assert files == (
-            CLASSIFIER_FILES if "classifier" in folder else MODEL_FILES | {f"{family}.py"}
-        )
-        assert {key.split("/")[1] for key in without if key.startswith(f"{folder}/")} == set(
-            expected
-        )
+        assert {file.name for file in path.glob("*.py")} == MODEL_FILES
+        loaded_as = {key.split("/")[1] for key in without if key.startswith(f"{folder}/")}
+        assert loaded_as - {"tokenizer"} == set(expected)
 
 
 def test_folders_load_without_egbert_and_give_egbert_s_outputs(loaded) -> None:
@@ -257,5 +329,26 @@ def test_a_model_sharded_with_fsdp2_saves_the_same_folder(
         assert (tmp_path / f"{class_name}.sharded").read_text() == f"FSDP{class_name}"
         config = json.loads((path / "config.json").read_text())
         assert config["auto_map"] == EXPECTED_AUTO_MAPS[folder]
-        expected_files = CLASSIFIER_FILES if "classifier" in folder else MODEL_FILES | {"bert.py"}
-        assert {file.name for file in path.glob("*.py")} == expected_files
+        assert {file.name for file in path.glob("*.py")} == MODEL_FILES
+
+
+def test_transformers_trainer_fine_tunes_every_pretrained_folder(loaded) -> None:
+    """Fine-tuned without egbert by transformers' Trainer, each pretrained folder's classifier
+    ends with weights that egbert's own classifier of that family turns into the same logits."""
+    root, without, with_egbert = loaded
+    for family, classifier_class in zip(("bert", "gpt", "elmo"), CLASSIFIERS, strict=True):
+        finetuned = torch.load(root / f"finetuned-{family}.pt")
+        assert finetuned["module"].startswith("transformers_modules."), family
+        pretrained = classifier_class.from_pretrained(root / "models" / family, num_labels=2)
+        trained = finetuned["state"]
+        assert trained.keys() == pretrained.state_dict().keys(), family
+        moved = [name for name, weight in pretrained.state_dict().items()
+                 if not torch.equal(weight, trained[name])]  # fmt: skip
+        assert len(moved) == len(trained), family  # the Trainer updated every weight
+        pretrained.load_state_dict(trained)
+        with torch.no_grad():
+            logits = pretrained.eval()(**finetuned["inputs"]).logits
+        torch.testing.assert_close(logits, finetuned["logits"], atol=1e-5, rtol=0, msg=family)
+        # the tokenizer is transformers' own class, with egbert or without it
+        for loaded_by in (without, with_egbert):
+            assert loaded_by[f"{family}/tokenizer/class"].startswith("transformers."), family

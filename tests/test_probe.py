@@ -8,6 +8,7 @@ import csv
 import json
 import math
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from sklearn.preprocessing import StandardScaler
 from transformers import AutoModel, AutoTokenizer
 
 from egbert.cli import main as cli_main
-from egbert.embedding import load_model
+from egbert.embedding import TruncatedInputsWarning, embed, load_model
 from egbert.evaluation import run_probe
 from egbert.evaluation.probe import fit_probe, sentence_vectors, task_vectors
 from egbert.finetune.metrics import compute_task_metrics
@@ -138,6 +139,20 @@ def test_vectors_are_the_fine_tuning_heads_features(family, pool, features, fami
             outputs = head.base_model(**inputs, output_hidden_states=True)
             expected = head.sentence_features(outputs, inputs["attention_mask"])[0]
         torch.testing.assert_close(torch.from_numpy(vector), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_a_sentence_longer_than_the_model_is_cut_without_embed_s_warning(family_dirs):
+    """The probe cuts a long sentence to the model's length, as fine-tuning does; embed's
+    warning about it advises --stride, which the probe does not have."""
+    model, tokenizer = load_model(family_dirs["bert"], "cpu")
+    long_text = " ".join(["the river valley and its villages"] * 100)  # beyond the positions
+    with pytest.warns(TruncatedInputsWarning, match="1 of 2 inputs were longer"):
+        embed(model, [long_text, "short"], layers=(-1,), tokenizer=tokenizer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vectors = sentence_vectors(model, tokenizer, [long_text, "short"], "last", "mean", 2)
+    assert vectors.shape[0] == 2
+    assert [str(warning.message) for warning in caught] == []
 
 
 def test_all_mean_averages_every_layer_and_last_takes_the_top(family_dirs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import fresh_accelerate
 from option_coverage import proves
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
@@ -49,7 +49,7 @@ def table_rows(table: str) -> list[str]:
 @pytest.fixture(scope="module")
 def finished_run(micro_data: Path, tmp_path_factory, subprocess_env) -> Path:
     """A run stopped by SIGTERM while bert pretrains (it must say so in one line and exit 0),
-    then run again in this process to the end."""
+    then run again to the end; what the two printed is in OUTPUT (next to the run)."""
     out = tmp_path_factory.mktemp("quickstart") / "run"
     preset = out.parent / "preset.yaml"
     preset.write_text(yaml.safe_dump(PRESET), encoding="utf-8")
@@ -71,10 +71,24 @@ def finished_run(micro_data: Path, tmp_path_factory, subprocess_env) -> Path:
     assert output.rstrip().splitlines()[-1].startswith("egbert quickstart: stopped;"), output
     assert (out / "pretrain" / "bert" / "checkpoints").is_dir()
     assert not (out / "results.json").exists()
-    # Accelerate's process-wide state may hold an earlier module's precision
-    fresh_accelerate()
-    main(argv)
+    rest = subprocess.run(
+        command, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert rest.returncode == 0, rest.stdout[-3000:]
+    (out.parent / OUTPUT).write_text(output + rest.stdout, encoding="utf-8")
     return out
+
+
+# A line of a Python warning ("...: UserWarning: ..."), of a logger's ("[transformers] ...",
+# "WARNING:..."), or of scikit-learn's advice after its ConvergenceWarning
+WARNING_LINE = re.compile(r"Warning\b|^WARNING|^\[transformers\]|max_iter|lbfgs|not sharded")
+OUTPUT = "quickstart-output.txt"
+
+
+def test_the_run_prints_no_warning_lines(finished_run: Path):
+    output = (finished_run.parent / OUTPUT).read_text(encoding="utf-8")
+    assert "probe: elmo-random" in output  # the whole run, the twins' probe included
+    assert [line for line in output.splitlines() if WARNING_LINE.search(line)] == []
 
 
 @pytest.mark.slow

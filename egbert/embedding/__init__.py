@@ -23,7 +23,7 @@ that need it), `vectors` (texts to vectors), `writers` (.npy, .safetensors, .jso
 `extract` (`embed`); its command line is `egbert.commands.embed`.
 """
 
-from egbert.embedding.extract import embed
+from egbert.embedding.extract import TruncatedInputsWarning, embed
 from egbert.embedding.loading import load_model
 from egbert.embedding.options import COMBINES, POOLS, EmbedOptions
 from egbert.embedding.vectors import TokenEmbeddings
@@ -35,6 +35,7 @@ __all__ = [
     "POOLS",
     "EmbedOptions",
     "TokenEmbeddings",
+    "TruncatedInputsWarning",
     "embed",
     "load_model",
 ]

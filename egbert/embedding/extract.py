@@ -25,6 +25,10 @@ CHUNK_BATCHES = 16  # with an output, this many batches are embedded and written
 DEFAULTS = EmbedOptions()
 
 
+class TruncatedInputsWarning(UserWarning):
+    """`embed` cut inputs longer than the model reads (and says how to embed all of them)."""
+
+
 def embed(
     model_or_dir: str | os.PathLike | PreTrainedModel,
     texts_or_pairs: Iterable[TextOrPair],
@@ -112,6 +116,7 @@ def embed(
         warnings.warn(
             f"{truncated} of {count} inputs were longer than {max_length} tokens and were "
             "truncated; set stride (--stride) to embed them in overlapping windows",
+            TruncatedInputsWarning,
             stacklevel=2,
         )
     return results

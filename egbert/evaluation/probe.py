@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ from sklearn.preprocessing import StandardScaler
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from egbert.arguments import ArgumentParser
-from egbert.embedding import embed, load_model
+from egbert.embedding import TruncatedInputsWarning, embed, load_model
 from egbert.errors import ConfigError, DataError
 from egbert.evaluation import results
 from egbert.finetune.metrics import format_metrics, glue_average, task_score
@@ -127,7 +128,11 @@ def sentence_vectors(
     options = dict(layers=layers, combine=combine, batch_size=batch_size, tokenizer=tokenizer)
     pools = ("mean",) if pool == "mean" else summary_pools(model.config)
     # Pooling is linear, so pooling the combined layers equals combining the pooled layers.
-    pooled = [embed(model, items, pool=name, **options) for name in pools]
+    with warnings.catch_warnings():
+        # The probe reads a sentence up to the model's length, as fine-tuning does; embed's
+        # advice on the rest (--stride) is not an option of the probe.
+        warnings.simplefilter("ignore", TruncatedInputsWarning)
+        pooled = [embed(model, items, pool=name, **options) for name in pools]
     if len(pooled) == 1:
         return pooled[0]
     # ELMo: every layer is [forward; backward]; take the forward halves at the last token and

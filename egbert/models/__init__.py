@@ -3,8 +3,10 @@
 The saved folders load without egbert too, in the Hub's layout for code that comes with a model:
 each config class is also registered for saving (`register_for_auto_class`), so that its
 save_pretrained, which every model's save_pretrained calls, copies the file defining it and the
-files that file imports relatively into the folder (a classifier's save adds heads.py), and each
-model's save_pretrained names the classes the folder loads as in config.json's `auto_map`. A
+files that file imports relatively into the folder (every model's save adds heads.py, the
+sequence classifier's file), and each model's save_pretrained names the classes the folder loads
+as in config.json's `auto_map`, its family's sequence classifier among them, so that
+transformers fine-tunes any folder through AutoModelForSequenceClassification. A
 Python without egbert then loads the folder through the Auto classes by running those copies,
 where the user opts in to running a folder's code; with egbert imported, transformers uses the
 classes registered here and runs none of it. The model classes are not registered for saving:

@@ -10,6 +10,7 @@ embedding duplicated, so that downstream heads can mix layers as ELMo does.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,12 @@ from transformers.utils import ModelOutput
 
 from .kernels import Dropout, chunked_lm_loss_applies, linear_cross_entropy
 from .layers import auto_map, training_flops_per_token
+
+# torch tries oneDNN for every LSTM on a CPU and, as oneDNN has no LSTM with projections (ELMo's
+# design), says so once per process and runs its own kernel: nothing to change on egbert's side.
+warnings.filterwarnings(
+    "ignore", message="LSTM with projections is not supported with oneDNN", category=UserWarning
+)
 
 
 class EgbertElmoConfig(PretrainedConfig):

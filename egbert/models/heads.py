@@ -40,7 +40,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
-from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from .bert import EgbertBertConfig, EgbertBertModel
@@ -226,18 +225,10 @@ class EgbertSequenceClassifier(PreTrainedModel):
     def save_pretrained(
         self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs: Any
     ) -> None:
-        """transformers' save_pretrained, with config.json's auto_map (layers.auto_map) and copies
-        of this file and the ones it imports (the config's save copies its own family's files)."""
-        classifier = next(cls for cls in CLASSIFIERS if isinstance(self, cls))
-        auto_classes = {
-            "AutoConfig": self.config_class,
-            "AutoModel": self.backbone_class,
-            "AutoModelForSequenceClassification": classifier,
-        }
+        """transformers' save_pretrained, with config.json's auto_map (layers.auto_map)."""
+        auto_classes = {"AutoConfig": self.config_class, "AutoModel": self.backbone_class}
         self.config.auto_map = auto_map(self, auto_classes)
         super().save_pretrained(save_directory, is_main_process, **kwargs)
-        if self.should_save_on_this_rank(is_main_process):
-            custom_object_save(EgbertSequenceClassifier, save_directory)
 
     def _freeze_backbone_parameters(self) -> None:
         if self.freeze_backbone:

@@ -389,15 +389,23 @@ def init_local_attention(module: nn.Module, head_dim: int, std: float) -> None:
 
 def auto_map(model: PreTrainedModel, auto_classes: dict[str, type]) -> dict[str, str]:
     """config.json's auto_map for a folder `model` is saved in: of its family's `auto_classes`
-    (Auto class name -> egbert class), the config, the base model, the classes `model` is an
-    instance of and those it names in `also_loads_as`, each as "file.Class", where transformers
-    finds the class (in the folder's copy of the file that defines it) when it loads the folder in
-    a Python without egbert. isinstance, not type(model): under FSDP2 a model's class is one torch
-    derives at run time."""
+    (Auto class name -> egbert class), the config, the base model, the sequence classifier (every
+    folder fine-tunes), the classes `model` is an instance of and those it names in
+    `also_loads_as`, each as "file.Class", where transformers finds the class (in the folder's
+    copy of the file that defines it) when it loads the folder in a Python without egbert.
+    isinstance, not type(model): under FSDP2 a model's class is one torch derives at run time.
+
+    The import of heads.py (which imports this file) is also what puts heads.py, and the files
+    it imports, in every folder: the config's save copies the relative imports of its file."""
+    from .heads import CLASSIFIERS
+
+    config_class = auto_classes["AutoConfig"]
+    classifier = next(cls for cls in CLASSIFIERS if cls.config_class is config_class)
+    auto_classes = {**auto_classes, "AutoModelForSequenceClassification": classifier}
     return {
         name: f"{cls.__module__.rpartition('.')[2]}.{cls.__name__}"
         for name, cls in auto_classes.items()
-        if name in ("AutoConfig", "AutoModel")
+        if name in ("AutoConfig", "AutoModel", "AutoModelForSequenceClassification")
         or isinstance(model, cls)
         or name in getattr(model, "also_loads_as", ())
     }
