@@ -446,6 +446,24 @@ def test_precision_device_and_loader_options_reach_accelerate(
     assert trainer.train_loader.num_workers == 1
 
 
+@proves("finetune", "--fp16", "--gradient-checkpointing", "--auto-find-batch-size")
+def test_fp16_checkpointing_and_the_batch_finder_reach_the_trainer(
+    tiny_egbert_bert_dir, micro_data, tmp_path
+):
+    """fp16 on the CPU as on a GPU: float16 autocast and a GradScaler (torch's initial scale
+    2**16); the backbone's layers checkpointed; an out-of-memory halves the batch of 8."""
+    argv = rte(tiny_egbert_bert_dir, micro_data, tmp_path / "out", "--fp16", "--use-cpu")
+    argv += ["--batch-size", "8", "--gradient-checkpointing", "--auto-find-batch-size"]
+    trainer = build(*argv).trainer
+    accelerator = trainer.accelerator
+    assert accelerator.mixed_precision == "fp16" and accelerator.native_amp
+    assert accelerator.scaler.get_scale() == 2.0**16
+    layers = [m for m in trainer.model.modules() if hasattr(m, "gradient_checkpointing")]
+    assert layers and all(layer.gradient_checkpointing for layer in layers)
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+    assert trainer.batch_fitter.halved(error, trainer.args) == 4
+
+
 @proves("finetune", "--compile", "--compile-mode")
 def test_compile_compiles_the_model_in_the_mode_given(
     tiny_egbert_bert_dir, micro_data, tmp_path, monkeypatch
