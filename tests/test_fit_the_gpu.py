@@ -40,31 +40,40 @@ class Killed(Exception):
 
 
 class Harness(nn.Module):
-    """TinyLM, with what a test needs around its forward: the loss multiplied by `boost` on the
+    """TinyLM, with what a test needs around its forward: the loss multiplied by 1e4 on the
     batches holding the example `boosted` (its gradients overflow fp16 then, its loss stays
-    finite), a real torch.OutOfMemoryError for batches above `fits` examples, and a death at
-    forward call `die_at`. Counts the calls, the out-of-memory ones and autocast's dtype."""
+    finite), a real torch.OutOfMemoryError for batches above `fits` examples from forward call
+    `tight_from` on, and a death at forward call `die_at`. Counts the calls and the
+    out-of-memory ones, and keeps autocast's dtype and the examples (label rows) trained on."""
 
-    def __init__(self, boosted: int | None = None, fits: int | None = None, die_at: int = 0):
+    def __init__(
+        self,
+        boosted: int | None = None,
+        fits: int | None = None,
+        die_at: int = 0,
+        tight_from: int = 1,
+    ):
         super().__init__()
         torch.manual_seed(0)
         self.inner = TinyLM(TinyConfig(dropout=0.1))
         self.config = self.inner.config
         rows = [e["input_ids"] for e in tiny_dataset() if e["id"] == boosted]
         self.boosted = torch.tensor(rows)
-        self.fits, self.die_at = fits, die_at
-        self.calls, self.out_of_memory, self.dtypes = 0, 0, set()
+        self.fits, self.die_at, self.tight_from = fits, die_at, tight_from
+        self.calls, self.out_of_memory, self.dtypes, self.rows = 0, 0, set(), []
 
     def forward(self, input_ids, attention_mask=None, labels=None, label_smoothing=None):
         self.calls += 1
         if self.calls == self.die_at:
             raise Killed
-        if self.fits is not None and input_ids.shape[0] > self.fits:
+        tight = self.fits is not None and self.calls >= self.tight_from
+        if tight and input_ids.shape[0] > self.fits:
             self.out_of_memory += 1
             raise torch.OutOfMemoryError(
                 "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.75 GiB total capacity)"
             )
         outputs = self.inner(input_ids, attention_mask, labels, label_smoothing)
+        self.rows += [tuple(row) for row in labels.tolist()]
         self.dtypes.add(outputs.logits.dtype)
         if len(self.boosted) and (labels.unsqueeze(1) == self.boosted).all(-1).any():
             return TinyOutput(outputs.loss * 1e4, outputs.logits)
@@ -268,6 +277,11 @@ def test_auto_find_batch_size_halves_the_batch_and_trains_the_same_run(tmp_path)
     ) in log
     train(tmp_path / "direct", Harness(), batch_size=2, grad_accum=4, schedule="constant")
     assert_same_weights(tmp_path / "found", tmp_path / "direct")
+
+    later = Harness(fits=4, tight_from=3)  # batches of 8 fit for two steps, then no longer
+    train(tmp_path / "later", later, **{**options, "max_steps": 3})
+    epoch = [tuple(tiny_dataset()[index]["input_ids"]) for index in epoch_order(24, 1, 0)]
+    assert later.rows == epoch  # 8 + 8 + 4 + 4: the epoch's examples once each, in order
 
     with pytest.raises(Killed):  # dies in step 3, after checkpoint step-2
         train(tmp_path / "killed", Harness(fits=2, die_at=2 + 2 * 4 + 1), save_every=2, **options)
