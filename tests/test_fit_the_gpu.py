@@ -298,3 +298,69 @@ def test_auto_find_batch_size_leaves_other_errors_and_odd_batches_alone(tmp_path
         train(tmp_path / "off", Harness(fits=2), batch_size=8)
     with pytest.raises(Exception, match="cannot halve into equal batches; pass an even"):
         train(tmp_path / "odd", Harness(fits=2), batch_size=3, auto_find_batch_size=True)
+
+
+# ---------------------------------------------------------------- quickstart's precision
+
+
+@pytest.mark.parametrize(
+    ("device", "bf16", "expected"),
+    [("cuda", False, (False, True)), ("cuda", True, (True, False)), ("cpu", False, (False, False))],
+)
+def test_quickstart_trains_in_fp16_on_a_gpu_without_bf16(
+    tmp_path, monkeypatch, device, bf16, expected
+):
+    """A T4 (no bf16): the plan trains in fp16, and its pretraining and fine-tuning runs get
+    --fp16; an A100 or H100: bf16; a CPU without bf16: fp32."""
+    from egbert.quickstart import run as quickstart
+    from egbert.quickstart.options import QuickstartArguments
+
+    monkeypatch.setattr(quickstart, "training_device", lambda: device)
+    monkeypatch.setattr(quickstart, "bf16_pays_off", lambda found: found == device and bf16)
+    budget = quickstart.start_budget(QuickstartArguments(output_dir=str(tmp_path)), tmp_path)
+    assert (budget.plan.bf16, budget.plan.fp16) == expected
+    saved = json.loads((tmp_path / "plan.json").read_text())
+    assert (saved["bf16"], saved["fp16"]) == expected
+    assert quickstart.autocast_dtype(budget.plan) == (
+        torch.float16 if expected[1] else torch.bfloat16 if expected[0] else None
+    )
+
+
+class Captured(Exception):
+    """A job's options, caught where quickstart hands them over."""
+
+
+def test_quickstart_hands_fp16_to_its_pretraining_and_fine_tuning(tmp_path, monkeypatch, data_dir):
+    """A plan in fp16: the pretraining and fine-tuning runs get fp16=True, bf16=False."""
+    from types import SimpleNamespace
+
+    from egbert.models.families import MODEL_FAMILIES
+    from egbert.quickstart import run as quickstart
+    from egbert.quickstart.budget import Budget, Plan
+    from egbert.quickstart.options import QuickstartArguments
+    from egbert.quickstart.report import Row
+
+    def capture(*args, **options):
+        raise Captured(options)
+
+    monkeypatch.setattr(quickstart.pretrain_run, "run_pretraining", capture)
+    monkeypatch.setattr(quickstart, "finetune_once", capture)
+    budget = Budget(Plan(options={}, bf16=False, fp16=True), tmp_path / "plan.json", minutes=10)
+    choice = SimpleNamespace(preset="tiny", batch_size=8, seq_len=64, lr_scale=1.0, minutes=1.0)
+    choice.epochs, choice.finetune_lr_scale = None, 1.0
+    plan = SimpleNamespace(
+        pretraining=dict.fromkeys(MODEL_FAMILIES, choice),
+        finetuning=SimpleNamespace(max_steps=None),
+    )
+    args = QuickstartArguments(output_dir=str(tmp_path), heads=["cls"])
+    with pytest.raises(Captured) as pretraining:
+        quickstart.pretrain_families(args, budget, data_dir, plan)
+    model = tmp_path / "bert"
+    (model / "model").mkdir(parents=True)
+    (model / "model" / "config.json").write_text(json.dumps({"model_type": "egbert-bert"}))
+    with pytest.raises(Captured) as finetuning:
+        quickstart.run_finetune_pass(
+            [("rte", [(Row("bert"), 42)])], {Row("bert"): model}, None, args, budget, plan
+        )
+    for caught in (pretraining, finetuning):
+        assert (caught.value.args[0]["fp16"], caught.value.args[0]["bf16"]) == (True, False)

@@ -18,8 +18,14 @@ processes agree on them at log, evaluation and save steps: step_numbers.py.
 Evaluation (each evaluation set's loss and metrics, `predict(dataset)` for the logits alone):
 evaluator.py. The signal handlers and the matmul peak of MFU: runtime.py.
 
-Precision: `bf16` true or false decides; left unset, the launch config's `mixed_precision`
-(`accelerate launch --config_file ...`) does, and without one training runs in fp32.
+Precision: `fp16` or `bf16` true or false decides; left unset, the launch config's
+`mixed_precision` (`accelerate launch --config_file ...`) does, and without one training runs in
+fp32. In fp16 a step whose scaled gradients overflow is skipped (not counted as a step) and
+logged; the loss scale goes to the log and into every checkpoint (runtime.py).
+
+Memory: `gradient_checkpointing` recomputes the model's layers in the backward pass;
+`auto_find_batch_size` halves the batch and doubles the accumulation where a step runs out of
+memory (batches.BatchFitter), and the batch found is kept in the trainer state for resume.
 
 Distributed: the same code runs on N processes under `torchrun` or `accelerate launch`; the
 batch size is per process and every process reports the loss averaged over all of them.
