@@ -254,7 +254,8 @@ def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:
     check_trackers_installed(args.report_to)
     trackers = [name for name in args.report_to if name != "none"]
     on_cpu = args.use_cpu or not has_accelerator()
-    check_bf16_supported(args, "cpu" if on_cpu else training_device())
+    if args.bf16 and not on_cpu:
+        check_bf16_supported(args, training_device())
     accelerator = Accelerator(
         # On a machine without GPUs, cpu=True is what makes Accelerate run data-parallel under
         # torchrun (MULTI_CPU, gloo); without it every process trains alone.
