@@ -45,8 +45,7 @@ SCRIPT_HINTS = {
     "--do-train": "egbert always trains; drop it",
     "--do-eval": "the validation data given is evaluated; drop it",
     "--do-predict": "finetune predicts the test files unless --no-predict",
-    "--fp16": "egbert's mixed precision is --bf16",
-    "--torch-dtype": "egbert's mixed precision is --bf16",
+    "--torch-dtype": "egbert's mixed precision is --bf16 or --fp16",
     "--model-type": "pretrain: --model bert|gpt|elmo",
     "--config-name": "pretrain: --preset (a name or a YAML file of config kwargs)",
     "--tokenizer-name": "pretrain: --tokenizer; finetune reads the model folder's",
@@ -76,7 +75,6 @@ SCRIPT_HINTS = {
     "--trust-remote-code": "egbert never runs a model folder's code; drop it",
     "--use-fast-tokenizer": "egbert's tokenizers are fast ones; drop it",
     "--no-cuda": "--use-cpu",
-    "--gradient-checkpointing": "egbert lacks it; a smaller --batch-size with --grad-accum",
     "--low-cpu-mem-usage": "drop it",
 }
 PRINT_CONFIG_HELP = (

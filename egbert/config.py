@@ -95,6 +95,28 @@ class TrainingArguments:
             "launch config's mixed_precision decides (accelerate launch --config_file), else fp32"
         },
     )
+    fp16: bool = field(
+        default=False,
+        metadata={
+            "help": "fp16 mixed precision with dynamic loss scaling, for GPUs without bf16 (T4, "
+            "V100, P100); steps whose gradients overflow are skipped. On a GPU Accelerate's, on "
+            "the CPU egbert's own (torch.autocast and torch.amp.GradScaler)"
+        },
+    )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={
+            "help": "recompute each layer's activations in the backward pass instead of keeping "
+            "them: less memory for about a third more compute (bert, gpt and elmo)"
+        },
+    )
+    auto_find_batch_size: bool = field(
+        default=False,
+        metadata={
+            "help": "on out-of-memory halve --batch-size and double --grad-accum (the batch "
+            "per step and the schedule stay) and go on; one process, map-style data"
+        },
+    )
     max_grad_norm: float = field(
         default=1.0, metadata={"help": "clip the gradient norm to this (0: no clipping)"}
     )
@@ -229,6 +251,8 @@ class TrainingArguments:
             raise ConfigError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.batch_ramp_to is not None:
             self._check_batch_ramp()
+        if self.bf16 and self.fp16:
+            raise ConfigError("--bf16 and --fp16 are two mixed precisions: choose one")
         if self.schedule == "inverse_sqrt" and not self.warmup_steps >= 1:
             raise ConfigError("--schedule inverse_sqrt needs --warmup-steps as a number of steps")
 
@@ -240,6 +264,8 @@ class TrainingArguments:
             )
         if self.grad_accum != 1:
             raise ConfigError(f"{ramp} sets the accumulation itself: leave --grad-accum at 1")
+        if self.auto_find_batch_size:
+            raise ConfigError(f"{ramp} sets the accumulation itself: drop --auto-find-batch-size")
 
     @property
     def warmup_is_ratio(self) -> bool:

@@ -19,6 +19,7 @@ class ModelCall:
     batch_size: int
     device: str  # the device type of input_ids: cpu, cuda, meta, ...
     autocast: bool  # autocast on for that device type during the call
+    dtype: torch.dtype | None = None  # autocast's dtype there, when on
 
 
 @contextmanager
@@ -40,7 +41,8 @@ def model_calls() -> Iterator[list[ModelCall]]:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         device = input_ids.device.type
         autocast = device != "meta" and torch.is_autocast_enabled(device)  # meta has none
-        calls.append(ModelCall(input_ids.shape[0], device, autocast))
+        dtype = torch.get_autocast_dtype(device) if autocast else None
+        calls.append(ModelCall(input_ids.shape[0], device, autocast, dtype))
 
     hooks = [
         torch.nn.modules.module.register_module_forward_pre_hook(entered),
@@ -57,14 +59,15 @@ def model_calls() -> Iterator[list[ModelCall]]:
 
 
 def assert_bf16_and_device_are_the_options(argv: list[str]) -> None:
-    """`egbert ARGV --bf16/--no-bf16 --device cpu` runs its model on the CPU with autocast on or
-    off as asked; `--device meta` moves the model there, where autocast refuses to go (only the
-    model's own device is asked)."""
+    """`egbert ARGV --bf16/--no-bf16/--fp16 --device cpu` runs its model on the CPU with autocast
+    to bf16, off or to fp16 as asked; `--device meta` moves the model there, where autocast
+    refuses to go (only the model's own device is asked)."""
     from egbert.cli import main as cli_main
 
-    for flag, autocast in (("--bf16", True), ("--no-bf16", False)):
+    for flag, dtype in (("--bf16", torch.bfloat16), ("--no-bf16", None), ("--fp16", torch.float16)):
         with model_calls() as calls:
             cli_main([*argv, flag, "--device", "cpu"])
-        assert {(call.device, call.autocast) for call in calls} == {("cpu", autocast)}
+        expected = {("cpu", dtype is not None, dtype)}
+        assert {(call.device, call.autocast, call.dtype) for call in calls} == expected
     with pytest.raises(RuntimeError, match="autocast device_type 'meta'"):
         cli_main([*argv, "--no-bf16", "--device", "meta"])

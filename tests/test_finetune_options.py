@@ -102,7 +102,8 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
         "base_model_id": "someone/base", "license": "mit", "output_dir": "o", "lr": 3e-4,
         "weight_decay": 0.2, "adam_beta1": 0.8, "adam_beta2": 0.9, "adam_epsilon": 1e-6,
         "batch_size": 4, "grad_accum": 1, "batch_ramp_to": 8, "max_steps": 6, "epochs": 2,
-        "schedule": "cosine", "warmup_steps": 2.0, "bf16": True, "max_grad_norm": 0.5,
+        "schedule": "cosine", "warmup_steps": 2.0, "bf16": False, "fp16": True,
+        "gradient_checkpointing": True, "max_grad_norm": 0.5,
         "label_smoothing": 0.1, "eval_every": 2, "save_every": 3, "keep_checkpoints": 4,
         "seed": 5, "budget_minutes": 3.0, "skip_nonfinite": 2, "log_every": 1,
         "report_to": ["none"], "resume": True, "resume_anyway": True,
@@ -121,15 +122,19 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
     from_python = arguments_from_options(types, values, finetuning_recipe(values))
     assert from_python == parse_finetune_args(argv)
     names = {name for cls in types for name in cls.__dataclass_fields__}
-    # --overwrite-output-dir starts over where --resume goes on: given apart
+    # --overwrite-output-dir starts over where --resume goes on, --auto-find-batch-size sets
+    # the accumulation where --batch-ramp-to does: given apart
     overwrite = {"model": "m", "output_dir": "o", "overwrite_output_dir": True}
+    overwrite["auto_find_batch_size"] = True
     from_python_overwrite = arguments_from_options(types, overwrite, finetuning_recipe(overwrite))
-    from_argv = parse_finetune_args(["--model", "m", "--output-dir", "o", "--overwrite-output-dir"])
+    argv = ["--model", "m", "--output-dir", "o", "--overwrite-output-dir", "--auto-find-batch-size"]
+    from_argv = parse_finetune_args(argv)
     assert from_python_overwrite == from_argv and from_argv[1].overwrite_output_dir is True
+    assert from_argv[1].auto_find_batch_size is True
     assert set(values) | set(overwrite) == names, "the test gives every option"
     defaults = parse_finetune_args(["--model", "m", "--output-dir", "o"])
-    # --batch-ramp-to accumulates by itself; --overwrite-output-dir is given apart above
-    kept = {"model", "output_dir", "grad_accum", "overwrite_output_dir"}
+    # --batch-ramp-to accumulates by itself; the options given apart above are given apart
+    kept = {"model", "output_dir", "grad_accum", "overwrite_output_dir", "auto_find_batch_size"}
     for instance, default in zip(from_python, defaults, strict=True):
         for name, value in vars(instance).items():
             if name not in kept:
@@ -444,6 +449,24 @@ def test_precision_device_and_loader_options_reach_accelerate(
     assert accelerator.state._cpu  # Accelerator(cpu=True): the CPU even where a GPU is
     assert accelerator.ddp_handler.find_unused_parameters is True
     assert trainer.train_loader.num_workers == 1
+
+
+@proves("finetune", "--fp16", "--gradient-checkpointing", "--auto-find-batch-size")
+def test_fp16_checkpointing_and_the_batch_finder_reach_the_trainer(
+    tiny_egbert_bert_dir, micro_data, tmp_path
+):
+    """fp16 on the CPU as on a GPU: float16 autocast and a GradScaler (torch's initial scale
+    2**16); the backbone's layers checkpointed; an out-of-memory halves the batch of 8."""
+    argv = rte(tiny_egbert_bert_dir, micro_data, tmp_path / "out", "--fp16", "--use-cpu")
+    argv += ["--batch-size", "8", "--gradient-checkpointing", "--auto-find-batch-size"]
+    trainer = build(*argv).trainer
+    accelerator = trainer.accelerator
+    assert accelerator.mixed_precision == "fp16" and accelerator.native_amp
+    assert accelerator.scaler.get_scale() == 2.0**16
+    layers = [m for m in trainer.model.modules() if hasattr(m, "gradient_checkpointing")]
+    assert layers and all(layer.gradient_checkpointing for layer in layers)
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+    assert trainer.batch_fitter.halved(error, trainer.args) == 4
 
 
 @proves("finetune", "--compile", "--compile-mode")

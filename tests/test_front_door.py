@@ -477,7 +477,7 @@ def test_their_values_egbert_lacks_and_their_options_it_lacks_get_one_line(tmp_p
         argv = [command, *BASE[command], "--model", "m"] if command == "finetune" else pretrain
         for option, hint in (
             ("--do-train", "egbert always trains; drop it"),
-            ("--fp16", "egbert's mixed precision is --bf16"),
+            ("--torch-dtype", "egbert's mixed precision is --bf16 or --fp16"),
             ("--dataset-name", "pretrain: --dataset; finetune: --task or --train-file"),
             ("--per_device_eval_batch_size", "evaluation batches are --batch-size"),
         ):
@@ -486,6 +486,8 @@ def test_their_values_egbert_lacks_and_their_options_it_lacks_get_one_line(tmp_p
                 f"egbert {command}: error: unrecognized option {option} ({hint})"
             )
     config = tmp_path / "run.yaml"
-    config.write_text("model: gpt\nfp16: true\n")
+    config.write_text("model: gpt\ntorch_dtype: float16\n")
     code, _, err = run_cli(["pretrain", "--config", str(config), "--output-dir", "o"], capsys)
-    assert err.strip().endswith("unknown option(s) fp16 (fp16: egbert's mixed precision is --bf16)")
+    assert err.strip().endswith(
+        "unknown option(s) torch_dtype (torch_dtype: egbert's mixed precision is --bf16 or --fp16)"
+    )

@@ -306,6 +306,7 @@ API_OPTIONS = [
     {
         "model": "bert", "tokenizer": "tok", "train_files": ["a.txt"], "dupe_factor": 2,
         "validation_files": ["v.txt"], "output_dir": "out", "overwrite_output_dir": True,
+        "fp16": True, "gradient_checkpointing": True, "auto_find_batch_size": True,
     },
 ]  # fmt: skip
 

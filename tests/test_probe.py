@@ -319,10 +319,11 @@ def test_the_options_give_scikit_learns_ridge_fit_of_the_vectors_they_name(
     assert max(call.batch_size for call in calls) == 5  # 20 + 16 sentences per column
 
 
-@proves("probe", "--device", "--bf16")
+@proves("probe", "--device", "--bf16", "--fp16")
 def test_the_model_runs_on_the_device_and_precision_given(family_dirs, micro_data):
-    """bf16 autocast on or off as asked, and on the device named: moved to the meta device, the
-    model's weights are where autocast refuses to go (only the model's own device is asked)."""
+    """bf16 or fp16 autocast on or off as asked, and on the device named: moved to the meta
+    device, the model's weights are where autocast refuses to go (only the model's own device
+    is asked)."""
     argv = ["probe", "--model", str(family_dirs["gpt"]), "--task", "rte", "--data-dir"]
     argv += [str(micro_data / "glue"), "--features", "last"]
     assert_bf16_and_device_are_the_options(argv)

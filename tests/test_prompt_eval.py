@@ -311,10 +311,11 @@ def test_zero_shot_scores_are_the_models_own_likeliest_answers(gpt_dir, glue_dir
     assert [call.batch_size for call in calls] == [3, 3, 3, 3, 3, 1, 2]
 
 
-@proves("prompt-eval", "--device", "--bf16")
+@proves("prompt-eval", "--device", "--bf16", "--fp16")
 def test_the_model_runs_on_the_device_and_precision_given(gpt_dir, glue_dir):
-    """bf16 autocast on or off as asked, and on the device named: moved to the meta device, the
-    model's weights are where autocast refuses to go (only the model's own device is asked)."""
+    """bf16 or fp16 autocast on or off as asked, and on the device named: moved to the meta
+    device, the model's weights are where autocast refuses to go (only the model's own device
+    is asked)."""
     argv = ["prompt-eval", "--model", str(gpt_dir), "--task", "rte", "--data-dir", str(glue_dir)]
     argv += ["--max-eval-samples", "2"]
     assert_bf16_and_device_are_the_options(argv)

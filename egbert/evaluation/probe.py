@@ -279,6 +279,7 @@ def run_probe(
     output_dir: str | os.PathLike | None = None,
     device: str | None = None,
     bf16: bool | None = None,
+    fp16: bool = False,
     allow_pickle: bool = False,
 ) -> dict[str, Any]:
     """Probe a frozen model on GLUE tasks; returns (and with output_dir writes) the results.
@@ -293,6 +294,7 @@ def run_probe(
             None: all of them. The dev splits are always scored in full.
         output_dir: where probe_results.json goes (nothing is written when None).
         bf16: autocast the model to bf16; None: where the device runs it faster than fp32.
+        fp16: autocast the model to fp16 instead (GPUs without bf16).
 
     Returns:
         {"model", "options", "tasks": {name: {"metrics": {split: {metric: value}}, "score",
@@ -330,6 +332,7 @@ def run_probe(
             batch_size,
             seed,
         ),
+        fp16=fp16,
     )
     scores = {name: result["score"] for name, result in report["tasks"].items()}
     average = glue_average(scores)

@@ -396,6 +396,7 @@ def run_prompt_eval(
     output_dir: str | os.PathLike | None = None,
     device: str | None = None,
     bf16: bool | None = None,
+    fp16: bool = False,
     allow_pickle: bool = False,
 ) -> dict[str, Any]:
     """k-shot prompting of a gpt model on GLUE tasks; returns (and with output_dir writes) the
@@ -412,6 +413,7 @@ def run_prompt_eval(
         batch_size: sequences (example x label) per forward.
         output_dir: where prompt_eval_results.json goes (nothing is written when None).
         bf16: autocast the model to bf16; None: where the device runs it faster than fp32.
+        fp16: autocast the model to fp16 instead (GPUs without bf16).
 
     Returns:
         {"model", "options", "tasks": {name: {"n_eval", "demonstrations_from", "majority_score",
@@ -453,6 +455,7 @@ def run_prompt_eval(
             batch_size,
             seed,
         ),
+        fp16=fp16,
     )
     if output_dir is not None:
         results.write_results(report, output_dir, RESULTS_FILE)

@@ -82,7 +82,7 @@ def add_model_and_task_arguments(parser: ArgumentParser, task_help: str) -> None
 def add_run_arguments(
     parser: ArgumentParser, results_file: str, batch_help: str, run: Callable[..., Any]
 ) -> None:
-    """--batch-size, --seed, --output-dir, --device, --bf16 and --allow-pickle, and every
+    """--batch-size, --seed, --output-dir, --device, --bf16, --fp16 and --allow-pickle, and every
     option's default from the run function's signature (`parser.defaults_from(run)`)."""
     parser.add_argument("--batch-size", type=int, help=batch_help)
     parser.add_argument("--seed", type=int, help="random seed")
@@ -94,6 +94,11 @@ def add_run_arguments(
         "--bf16",
         action=BooleanFlag,
         help="bf16 autocast (default: where the device runs it faster than fp32)",
+    )
+    parser.add_argument(
+        "--fp16",
+        action=BooleanFlag,
+        help="fp16 autocast, for GPUs without bf16 (T4, V100); instead of --bf16",
     )
     parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
     parser.defaults_from(run)
@@ -107,10 +112,18 @@ def print_results(command: str, table: str, output_dir: Path | None, results_fil
 
 
 @contextmanager
-def inference_precision(model: torch.nn.Module, bf16: bool | None) -> Iterator[bool]:
-    """bf16 autocast on the model's device if `bf16`, or (None) where the device runs bf16
-    faster than fp32; yields whether it is on."""
+def inference_precision(
+    model: torch.nn.Module, bf16: bool | None, fp16: bool = False
+) -> Iterator[bool]:
+    """fp16 autocast on the model's device if `fp16`; else bf16 autocast if `bf16`, or (None)
+    where the device runs bf16 faster than fp32; yields whether bf16 is on."""
     device = next(model.parameters()).device.type
+    if fp16:
+        if bf16:
+            raise ConfigError("--bf16 and --fp16 are two mixed precisions: choose one")
+        with torch.autocast(device, dtype=torch.float16):
+            yield False
+        return
     enabled = bf16_pays_off(device) if bf16 is None else bf16
     with torch.autocast(device, dtype=torch.bfloat16, enabled=enabled):
         yield enabled
@@ -123,12 +136,15 @@ def evaluate_tasks(
     options: dict[str, Any],
     tasks: Sequence[Task],
     evaluate_task: Callable[[Task], dict[str, Any]],
+    fp16: bool = False,
 ) -> dict[str, Any]:
     """{"model", "options", "tasks": {name: evaluate_task(task)}}: what both results files hold;
-    every task runs under `inference_precision(model, bf16)`, and options["bf16"] says which."""
-    with inference_precision(model, bf16) as bf16_used:
+    every task runs under `inference_precision(model, bf16, fp16)`, and options["bf16"] and
+    options["fp16"] say which."""
+    with inference_precision(model, bf16, fp16) as bf16_used:
         results = {task.name: evaluate_task(task) for task in tasks}
-    return {"model": str(model_dir), "options": options | {"bf16": bf16_used}, "tasks": results}
+    used = {"bf16": bf16_used, "fp16": fp16}
+    return {"model": str(model_dir), "options": options | used, "tasks": results}
 
 
 def write_results(results: dict, output_dir: str | os.PathLike, name: str) -> Path:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
@@ -89,11 +90,13 @@ def permute_positions(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor
     return states.gather(1, index.unsqueeze(-1).expand_as(states))
 
 
-class ElmoLstmStack(nn.Module):
+class ElmoLstmStack(GradientCheckpointingLayer):
     """One direction of the biLM: LSTM layers with projection, reading left to right.
 
     As in ELMo, layers from the second on add their input to their output (a residual
     connection); the first layer's output stays free of the context-independent embedding.
+    With gradient checkpointing the stack is recomputed in the backward pass: its layers'
+    outputs are kept (the model returns them), the LSTMs' gates and cell states are not.
     """
 
     def __init__(self, config: EgbertElmoConfig) -> None:
@@ -122,6 +125,7 @@ class ElmoLstmStack(nn.Module):
 class EgbertElmoPreTrainedModel(PreTrainedModel):
     config_class = EgbertElmoConfig
     base_model_prefix = "elmo"
+    supports_gradient_checkpointing = True
     main_input_name = "input_ids"
 
     @torch.no_grad()

@@ -190,6 +190,7 @@ class EgbertSequenceClassifier(PreTrainedModel):
     summary_pool: TokenPool  # the family's one-position summary of a sentence
     state_size_multiplier = 1  # width of a hidden_states entry in units of hidden_size
     backbone_options: dict[str, Any] = {}
+    supports_gradient_checkpointing = True  # the backbone's layers (egbert's families) do
 
     def __init__(self, config: PretrainedConfig, **head_options: Any) -> None:
         for name, value in head_options.items():

@@ -48,6 +48,7 @@ class Plan:
 
     options: dict[str, Any]
     bf16: bool
+    fp16: bool = False  # a GPU without bf16 (T4, V100): fp16 with loss scaling
     allotted_minutes: dict[str, float] = field(default_factory=dict)
     run_seconds: dict[str, float] = field(default_factory=dict)  # each fine-tuning run's wall time
     spent_seconds: float = 0.0

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
 import transformers
 from transformers import PreTrainedTokenizerBase
 
@@ -136,7 +137,14 @@ def quickstart(args: QuickstartArguments) -> dict[str, Any]:
 
 
 def precision(budget: Budget) -> str:
+    if budget.plan.fp16:
+        return "fp16 with loss scaling (this GPU has no bf16)"
     return "bf16" if budget.plan.bf16 else "fp32 (bf16 is slower here)"
+
+
+def autocast_dtype(plan: Plan) -> torch.dtype | None:
+    """The dtype the plan trains in under autocast (None: fp32)."""
+    return torch.float16 if plan.fp16 else torch.bfloat16 if plan.bf16 else None
 
 
 def spent_minutes(budget: Budget) -> float:
@@ -162,7 +170,9 @@ def start_budget(args: QuickstartArguments, output_dir: Path) -> Budget:
             )
         print(f"  reusing {path} ({plan.spent_seconds / 60:.1f} min spent)", flush=True)
     else:
-        plan = Plan(options=options, bf16=bf16_pays_off(training_device()))
+        device = training_device()
+        bf16 = bf16_pays_off(device)
+        plan = Plan(options=options, bf16=bf16, fp16=device == "cuda" and not bf16)
         output_dir.mkdir(parents=True, exist_ok=True)
     budget = Budget(plan, path, args.budget_minutes)
     budget.save()
@@ -231,7 +241,7 @@ def measure_throughputs(
 
         presets = [args.preset] if args.preset else presets_by_size(family)
         measured += measure_family(
-            family, presets, tokenizer, device, budget.plan.bf16, larger_may_pay
+            family, presets, tokenizer, device, autocast_dtype(budget.plan), larger_may_pay
         )
     print(f"  measured {len(measured)} step times in {time.perf_counter() - start:.0f} s")
     return measured
@@ -305,6 +315,7 @@ def pretrain_families(
             budget_minutes=choice.minutes,
             epochs=choice.epochs,
             bf16=budget.plan.bf16,
+            fp16=budget.plan.fp16,
             seed=args.seed,
             save_every=500,
             keep_checkpoints=1,
@@ -480,7 +491,8 @@ def run_finetune_pass(
             number += 1
             print(f"  ({number}/{total}) {model.label} / {head} / {task} / seed {seed}")
             start = time.perf_counter()
-            options = finetune_options(models[model], task, head, seed, glue, budget.plan.bf16)
+            mixed = budget.plan.bf16, budget.plan.fp16
+            options = finetune_options(models[model], task, head, seed, glue, *mixed)
             options["lr"] *= plan.pretraining[model.family].finetune_lr_scale
             cap = plan.finetuning.max_steps
             if cap is not None and cap < recipe_steps(task, glue, options):

@@ -257,7 +257,13 @@ def train_size(task: str, glue: Path | None) -> int:
 
 
 def finetune_options(
-    model_dir: Path, task: str, head: str, seed: int, glue: Path | None, bf16: bool
+    model_dir: Path,
+    task: str,
+    head: str,
+    seed: int,
+    glue: Path | None,
+    bf16: bool,
+    fp16: bool = False,
 ) -> dict[str, Any]:
     """`run_finetuning`'s options for one run (the budget's minutes are added by the caller):
     the quickstart-finetune recipe of the model's family with the head's options, or for the
@@ -273,6 +279,7 @@ def finetune_options(
         "data_dir": None if glue is None else str(glue),
         "seed": seed,
         "bf16": bf16,
+        "fp16": fp16,
         "predict": False,
         "features": features,
         "freeze": head.endswith("-frozen"),

@@ -2,7 +2,7 @@
 planner's input (egbert.quickstart.planner), in a small share of quickstart's budget.
 
 A step here is the trainer's: the model's forward with its loss, backward and a fused AdamW
-update, under bf16 autocast where the plan uses it, on a batch shaped as pretraining's (bert:
+update, under the autocast (bf16 or fp16) the plan uses, on a batch shaped as pretraining's (bert:
 sentence pairs with 15-40% of their tokens masked; gpt and elmo: packed blocks) of random ids.
 """
 
@@ -54,14 +54,17 @@ def random_batch(
 
 
 def seconds_per_step(
-    model: PreTrainedModel, batch: dict[str, torch.Tensor], device: str, bf16: bool
+    model: PreTrainedModel,
+    batch: dict[str, torch.Tensor],
+    device: str,
+    dtype: torch.dtype | None,
 ) -> float:
     """Mean wall seconds of TIMED_STEPS training steps after WARMUP_STEPS."""
     optimizer = adamw(model.parameters(), device, lr=1e-5)
     model.train()
 
     def step() -> None:
-        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device_type=device, dtype=dtype, enabled=dtype is not None):
             loss = model(**batch).loss
         loss.backward()
         optimizer.step()
@@ -82,7 +85,7 @@ def measure_family(
     presets: list[str],
     tokenizer: PreTrainedTokenizerBase,
     device: str,
-    bf16: bool,
+    dtype: torch.dtype | None,
     keep_going: Callable[[list[Measurement]], bool],
 ) -> list[Measurement]:
     """Each preset in order of size, each at doubling batches from the family's recipe batch
@@ -98,7 +101,7 @@ def measure_family(
         while batch_size <= MAX_BATCH:
             try:
                 batch = random_batch(family, model, batch_size, seq_len, device)
-                seconds = seconds_per_step(model, batch, device, bf16)
+                seconds = seconds_per_step(model, batch, device, dtype)
             except torch.OutOfMemoryError:  # the device holds no larger batch: done
                 break
             found = Measurement(

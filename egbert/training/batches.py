@@ -13,6 +13,7 @@ egbert's collators do.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -23,11 +24,12 @@ import datasets
 import torch
 from accelerate import Accelerator
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
+from accelerate.utils.memory import should_reduce_batch_size
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from egbert.config import TrainingArguments
-from egbert.errors import ConfigError, DataError
+from egbert.errors import ConfigError, DataError, TrainingError
 
 
 def loader_workers(args: TrainingArguments, device: torch.device) -> int:
@@ -257,3 +259,64 @@ def epoch_batches(
     elif skip:
         loader = skip_first_batches(loader, skip)
     return iter(loader)
+
+
+class BatchFitter:
+    """--auto-find-batch-size: after an out-of-memory in a training step, the same examples
+    each step in batches half as large, twice as many of them (--grad-accum doubled), so that
+    the batch of a step, the steps of an epoch and the schedule stay as they were; the step is
+    tried again from its first example. The seedable sampler's order does not depend on the
+    batch size, so the position in the epoch is the batches trained so far, doubled. For one
+    process on map-style data: a stream's position, and other processes waiting in a
+    collective, would not go back with it."""
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        dataset: Dataset | IterableDataset,
+        collator: Callable,
+        args: TrainingArguments,
+    ) -> None:
+        self.accelerator, self.dataset, self.collator = accelerator, dataset, collator
+        if args.auto_find_batch_size and isinstance(
+            dataset, IterableDataset | datasets.IterableDataset
+        ):
+            raise ConfigError("--auto-find-batch-size needs map-style data: drop --streaming")
+        if args.auto_find_batch_size and accelerator.num_processes > 1:
+            raise ConfigError(
+                "--auto-find-batch-size works on one process; with several, find the batch on "
+                "one first and pass it as --batch-size"
+            )
+
+    def halved(self, error: RuntimeError, args: TrainingArguments) -> int:
+        """The batch size after `error` in a training step: half of --batch-size when the
+        error is an out-of-memory that --auto-find-batch-size may answer; else `error` again."""
+        if not (args.auto_find_batch_size and should_reduce_batch_size(error)):
+            raise error
+        if args.batch_size % 2:
+            raise TrainingError(
+                f"out of memory at batch {args.batch_size}, which --auto-find-batch-size cannot "
+                "halve into equal batches; pass an even --batch-size"
+            ) from error
+        return args.batch_size // 2
+
+    def fit(self, args: TrainingArguments, size: int) -> tuple[TrainingArguments, DataLoader]:
+        """The options and the training batches of batches of `size` (a divisor of
+        args.batch_size), accumulated to the same examples a step."""
+        factor = args.batch_size // size
+        args = dataclasses.replace(args, batch_size=size, grad_accum=args.grad_accum * factor)
+        loader = train_loader(self.dataset, args, self.collator, self.accelerator.device)
+        return args, self.accelerator.prepare(loader)
+
+
+def fitted_message(args: TrainingArguments, step: int, found_before: bool) -> str:
+    """What a run says when it trains on in the batches --auto-find-batch-size fitted: found
+    now, after an out-of-memory, or `found_before` it (a resumed run)."""
+    fitted = f"batch {args.batch_size} x {args.grad_accum} accumulation"
+    same = f"the same {args.batch_size * args.grad_accum} examples a step"
+    if found_before:
+        return f"egbert: --auto-find-batch-size: going on with the {fitted} found ({same})"
+    return (
+        f"egbert: out of memory at batch {args.batch_size * 2}; --auto-find-batch-size goes on "
+        f"with {fitted} from step {step + 1} ({same})"
+    )

@@ -148,6 +148,8 @@ class TrainerState:
     elapsed_seconds: float = 0.0  # training wall time, evaluation and saving excluded
     tokens_seen: int = 0
     skipped_nonfinite: int = 0
+    skipped_overflow: int = 0  # fp16 updates skipped because their gradients overflowed
+    batch_size_found: int | None = None  # the batch --auto-find-batch-size went on with
     best_metric: float | None = None
     best_step: int | None = None
     best_metrics: dict[str, float] | None = None

@@ -64,7 +64,10 @@ def synchronize(device: str | torch.device) -> None:
 def matmul_gflops(device: str, dtype: torch.dtype, size: int = 256, repeats: int = 3) -> float:
     """GFLOP/s of one size x size matmul at `dtype` on `device`: the best of `repeats` timed
     calls after a warm-up one (which pays for allocations and kernel selection)."""
-    matrix = torch.randn(size, size, device=device).to(dtype)
+    # its own generator: a draw from the global one (at a run's first log record) would shift
+    # the dropout masks of every later step, and only in the first run of a process
+    generator = torch.Generator(device).manual_seed(0)
+    matrix = torch.randn(size, size, device=device, generator=generator).to(dtype)
     torch.mm(matrix, matrix)
     best = math.inf
     for _ in range(repeats):
@@ -86,10 +89,14 @@ def matmul_peak_flops(device: str, dtype: torch.dtype, repeats: int = 3) -> floa
     return matmul_gflops(str(device), dtype, size, repeats) * 1e9
 
 
+# The dtype of each of Accelerate's mixed precisions (its "no": fp32)
+PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def run_matmul_peak_flops(accelerator: Accelerator) -> float:
     """All processes' matmul peak at the run's precision (measured once per process), the
     denominator of the training log's MFU."""
-    dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
+    dtype = PRECISION_DTYPES.get(accelerator.mixed_precision, torch.float32)
     return matmul_peak_flops(accelerator.device.type, dtype) * accelerator.num_processes
 
 
@@ -101,7 +108,8 @@ def bf16_pays_off(device: str) -> bool:
     elsewhere a matmul is timed (on a busy machine that can answer either way).
     """
     if device == "cuda":
-        return torch.cuda.is_bf16_supported()
+        # natively (compute capability 8.0 on: A100, H100, ...): a T4 or V100 only emulates it
+        return torch.cuda.is_bf16_supported(including_emulation=False)
     if device != "cpu":
         return True  # other accelerators: trust the user's --bf16
     flags = cpu_flags()
@@ -192,18 +200,67 @@ def check_trackers_installed(report_to: list[str]) -> None:
             )
 
 
+def mixed_precision(args: TrainingArguments) -> str | None:
+    """Accelerate's mixed_precision of a run: --fp16 or --bf16 (--bf16 false: fp32), else None:
+    the launch config's (ACCELERATE_MIXED_PRECISION), and without one fp32."""
+    if args.fp16:
+        return "fp16"
+    if args.bf16 is None:
+        return None
+    return "bf16" if args.bf16 else "no"
+
+
+def check_bf16_supported(args: TrainingArguments, device: str) -> None:
+    """Refuse --bf16 on a GPU without bf16 (T4, V100, P100), which would emulate it slowly or
+    not at all, naming what such a card trains with."""
+    if args.bf16 and device == "cuda" and not bf16_pays_off(device):
+        raise ConfigError(
+            f"--bf16: this GPU ({torch.cuda.get_device_name()}) has no bf16; train with --fp16 "
+            "(fp16 with loss scaling) instead"
+        )
+
+
+def scale_fp16_losses_on_cpu(accelerator: Accelerator) -> None:
+    """Give a CPU run in fp16 what Accelerate gives a GPU's: float16 autocast around the
+    model's forward and a dynamic loss scale (torch.amp.GradScaler("cpu")) that its backward,
+    clipping, optimizer step and save_state/load_state then use as they do on a GPU.
+    Accelerate 1.15 does neither on the CPU (an fp16 run there trained in fp32, unscaled), and
+    so the GPU's fp16 path is tested on the CPU too."""
+    if accelerator.mixed_precision != "fp16" or accelerator.device.type != "cpu":
+        return
+    accelerator.native_amp = True  # prepare() wraps the forward in torch.autocast("cpu", fp16)
+    accelerator.scaler = torch.amp.GradScaler("cpu")
+
+
+def loss_scale(accelerator: Accelerator) -> float | None:
+    """fp16's current loss scale (None in other precisions). It falls only when a step's
+    gradients overflowed, and the scaler skipped that update."""
+    return None if accelerator.scaler is None else accelerator.scaler.get_scale()
+
+
+def step_unless_overflowed(optimizer: torch.optim.Optimizer, accelerator: Accelerator) -> bool:
+    """The prepared optimizer's step; False where fp16's gradients overflowed, so that its
+    scaler skipped the update (the loss scale fell; a fused AdamW skips inside its kernel,
+    which Accelerate's `optimizer_step_was_skipped` does not see)."""
+    scale = loss_scale(accelerator)
+    optimizer.step()
+    return scale is None or loss_scale(accelerator) >= scale
+
+
 def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:
     """The run's Accelerator: the device (the CPU when none is there or --use-cpu), the precision
-    (--bf16, else the launch config's), the seedable sampler and the trackers of --report-to."""
+    (--bf16 or --fp16, else the launch config's), the seedable sampler and the trackers of
+    --report-to."""
     check_trackers_installed(args.report_to)
     trackers = [name for name in args.report_to if name != "none"]
     on_cpu = args.use_cpu or not has_accelerator()
+    if args.bf16 and not on_cpu:
+        check_bf16_supported(args, training_device())
     accelerator = Accelerator(
         # On a machine without GPUs, cpu=True is what makes Accelerate run data-parallel under
         # torchrun (MULTI_CPU, gloo); without it every process trains alone.
         cpu=on_cpu,
-        # None: the launch config's (ACCELERATE_MIXED_PRECISION), else fp32
-        mixed_precision=None if args.bf16 is None else ("bf16" if args.bf16 else "no"),
+        mixed_precision=mixed_precision(args),
         # We step the scheduler once per optimizer update ourselves; Accelerate would step it
         # num_processes times per update.
         step_scheduler_with_optimizer=False,
@@ -224,6 +281,7 @@ def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:
     )
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
         check_deepspeed_options(args)
+    scale_fp16_losses_on_cpu(accelerator)
     return accelerator
 
 

@@ -64,12 +64,38 @@ def nonfinite_error(loss: float, place: Place) -> TrainingError:
     )
 
 
+def skip_nonfinite_step(state: Any, found: tuple[float, Place], allowed: int) -> str:
+    """--skip-nonfinite: count the step of a non-finite loss `found` in the TrainerState
+    `state`; what to say of it, or the run's TrainingError once more than `allowed` are."""
+    state.skipped_nonfinite += 1
+    if state.skipped_nonfinite > allowed:
+        raise nonfinite_error(*found)
+    return skipped_message(found, state.skipped_nonfinite, allowed)
+
+
 def skipped_message(found: tuple[float, Place], skipped: int, allowed: int) -> str:
     loss, place = found
     return (
         f"egbert: skipped a step with loss {loss} {nonfinite_place(place)} "
         f"({skipped} of {allowed} allowed)"
     )
+
+
+def skip_overflow_step(state: Any, scale: float) -> str:
+    """fp16: count a step whose gradients overflowed in the TrainerState `state` (the scaler
+    skipped its update and lowered the loss scale to `scale`); what to say of it."""
+    state.skipped_overflow += 1
+    return (
+        f"egbert: fp16 gradients overflowed at step {state.step + 1}; update skipped, loss scale "
+        f"lowered to {scale:g} ({state.skipped_overflow} skipped so far)"
+    )
+
+
+def precision_record(state: Any, scale: float | None) -> dict[str, float]:
+    """fp16's part of a training record: the loss scale and the updates skipped so far."""
+    if scale is None:
+        return {}
+    return {"loss_scale": scale, "skipped_overflow": state.skipped_overflow}
 
 
 def agrees_each_step(args: Any, num_processes: int) -> bool:

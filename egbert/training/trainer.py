@@ -18,8 +18,14 @@ processes agree on them at log, evaluation and save steps: step_numbers.py.
 Evaluation (each evaluation set's loss and metrics, `predict(dataset)` for the logits alone):
 evaluator.py. The signal handlers and the matmul peak of MFU: runtime.py.
 
-Precision: `bf16` true or false decides; left unset, the launch config's `mixed_precision`
-(`accelerate launch --config_file ...`) does, and without one training runs in fp32.
+Precision: `fp16` or `bf16` true or false decides; left unset, the launch config's
+`mixed_precision` (`accelerate launch --config_file ...`) does, and without one training runs in
+fp32. In fp16 a step whose scaled gradients overflow is skipped (not counted as a step) and
+logged; the loss scale goes to the log and into every checkpoint (runtime.py).
+
+Memory: `gradient_checkpointing` recomputes the model's layers in the backward pass;
+`auto_find_batch_size` halves the batch and doubles the accumulation where a step runs out of
+memory (batches.BatchFitter), and the batch found is kept in the trainer state for resume.
 
 Distributed: the same code runs on N processes under `torchrun` or `accelerate launch`; the
 batch size is per process and every process reports the loss averaged over all of them.
@@ -52,8 +58,10 @@ from egbert.config import TrainingArguments
 from egbert.errors import ConfigError, DataError, TrainingError
 from egbert.training import optimization
 from egbert.training.batches import (
+    BatchFitter,
     epoch_batches,
     epochs_done,
+    fitted_message,
     prepare_training,
     real_tokens,
     sequence_length,
@@ -75,8 +83,10 @@ from egbert.training.model_saving import (
 )
 from egbert.training.runtime import (
     keep_freed_memory_in_process,
+    loss_scale,
     make_accelerator,
     setup_lines,
+    step_unless_overflowed,
     stop_on_signals,
 )
 from egbert.training.step_numbers import (
@@ -88,7 +98,9 @@ from egbert.training.step_numbers import (
     default_flops_per_token,
     loss_parts,
     nonfinite_error,
-    skipped_message,
+    precision_record,
+    skip_nonfinite_step,
+    skip_overflow_step,
 )
 
 # torch._dynamo settings of --compile: bert's sparse MLM head selects the masked positions
@@ -172,6 +184,36 @@ def compile_settings(compiling: bool) -> AbstractContextManager:
     """With --compile, COMPILE_SETTINGS while the model runs (dynamo traces at each shape's
     first call), then the process's own again: a later run starts from those."""
     return torch._dynamo.config.patch(COMPILE_SETTINGS) if compiling else nullcontext()
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """--gradient-checkpointing: transformers' activation checkpointing (non-reentrant, which
+    torch.compile, DDP and FSDP support) of the model's layers, or a ConfigError for a model
+    without it."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(
+            f"--gradient-checkpointing: {type(model).__name__} does not support it; leave the "
+            "option out for this model"
+        )
+    model.activation_checkpointing_enable()
+
+
+def epochs_left(args: TrainingArguments, epoch: int) -> bool:
+    """Whether the run trains another epoch after `epoch` ones: --epochs' end, unless
+    --max-steps (or a budget alone) ends it."""
+    return args.epochs is None or args.max_steps is not None or epoch < args.epochs
+
+
+def evaluates_or_saves(step: int, args: TrainingArguments) -> bool:
+    """Step `step` evaluates or checkpoints: the processes agree first, so that neither sees
+    weights a non-finite loss has reached."""
+    return any(every and step % every == 0 for every in (args.eval_every, args.save_every))
+
+
+def progress_bar(accelerator: Any, total: int | None, initial: int) -> tqdm:
+    """The run's tqdm bar of optimizer steps, on the main process of each machine."""
+    disable = not accelerator.is_local_main_process
+    return tqdm(total=total, initial=initial, desc="training", disable=disable, dynamic_ncols=True)
 
 
 def label_smoothing_arguments(
@@ -267,8 +309,7 @@ class Trainer:
             run_config=self.run_config, config_hash=config_hash(self.run_config)
         )
         self._stopping, self._signal_received = False, None
-        self._last_eval: dict[str, float] = {}
-        self._last_eval_step: int | None = None
+        self._last_eval, self._last_eval_step = {}, None  # its metrics, its step
         self._last_lr = args.lr
 
     def _setup_model(
@@ -279,6 +320,8 @@ class Trainer:
         self.loss_arguments, self._eval_arguments = label_smoothing_arguments(
             model, self.args.label_smoothing
         )
+        if self.args.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         self.d_model = getattr(getattr(model, "config", None), "hidden_size", None)
         if self.args.schedule == "inverse_sqrt" and not self.d_model:
             raise ConfigError("--schedule inverse_sqrt needs model.config.hidden_size")
@@ -298,6 +341,7 @@ class Trainer:
             accelerator, model, optimizer, train_dataset, args, self.data_collator, self.log.message
         )
         self._unwrapped = accelerator.unwrap_model(self.model)
+        self.batch_fitter = BatchFitter(accelerator, train_dataset, self.data_collator, args)
         save = functools.partial(save_model_folder, accelerator, self.model)
         self.best = BestModel(args, self.output_dir / "best", save, self._write_tokenizer)
         if args.compile:
@@ -368,13 +412,7 @@ class Trainer:
         self._start_or_resume()
         for line in setup_lines(self.accelerator, self.args):
             self.log.message(line)
-        progress = tqdm(
-            total=self.total_steps,
-            initial=self.state.step,
-            desc="training",
-            disable=not self.accelerator.is_local_main_process,
-            dynamic_ncols=True,
-        )
+        progress = progress_bar(self.accelerator, self.total_steps, self.state.step)
         self._train_loop(progress)
         progress.close()
         self._agree_on_pending_steps()
@@ -406,13 +444,9 @@ class Trainer:
         flops = self.flops_per_token is not None
         self.ledger = StepLedger(self.accelerator, self.state.elapsed_seconds, flops)
         self.clock = TrainingClock(compiling=self.args.compile)
-        while not self._finished() and self._epochs_left():
+        while not self._finished() and epochs_left(self.args, self.state.epoch):
             if not self._train_epoch(progress):
                 break
-
-    def _epochs_left(self) -> bool:
-        args = self.args
-        return args.epochs is None or args.max_steps is not None or self.state.epoch < args.epochs
 
     def _finished(self) -> bool:
         state, args = self.state, self.args
@@ -437,7 +471,15 @@ class Trainer:
                 break
             if self.stream is not None:
                 self.stream.consumed(len(group))
-            updated = self._optimizer_step(group)
+            try:
+                updated = self._optimizer_step(group)
+            except RuntimeError as error:  # --auto-find-batch-size: out of memory
+                self._use_batch_size(self.batch_fitter.halved(error, self.args), after=error)
+                skip = self.state.batches_in_epoch
+                batches = epoch_batches(
+                    self.train_loader, self.data_collator, state.epoch, skip, None
+                )
+                continue
             self.state.batches_in_epoch += len(group)
             if updated:
                 progress.update(1)
@@ -461,6 +503,16 @@ class Trainer:
             if not self.args.save_every:
                 self.save_checkpoint()
 
+    def _use_batch_size(self, size: int, after: RuntimeError | None = None) -> None:
+        """Train on in batches of `size` (BatchFitter): `after` an out-of-memory from the first
+        example of the step that ran out, else as the resumed run found them."""
+        if after is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.state.batches_in_epoch *= self.args.batch_size // size
+        self.args, self.train_loader = self.batch_fitter.fit(self.args, size)
+        self.state.batch_size_found = size
+        self.log.message(fitted_message(self.args, self.state.step, found_before=after is None))
+
     def _optimizer_step(self, group: list[dict[str, Any]]) -> bool:
         """Forward and backward over `group` (accumulated), then one update unless, agreeing
         each step, the loss is not finite on some process (then False). Nothing here reads the
@@ -477,13 +529,18 @@ class Trainer:
         if self._agree_each_step:
             first_nonfinite = self._agree()
             if first_nonfinite is not None:
-                self._skip_nonfinite_step(first_nonfinite)
+                self.optimizer.zero_grad(set_to_none=True)
+                allowed = self.args.skip_nonfinite
+                self.log.message(skip_nonfinite_step(self.state, first_nonfinite, allowed))
                 return False
         if self.args.max_grad_norm > 0:
             self.accelerator.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
         self._last_lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        applied = step_unless_overflowed(self.optimizer, self.accelerator)
         self.optimizer.zero_grad(set_to_none=True)
+        if not applied:
+            self.log.message(skip_overflow_step(self.state, loss_scale(self.accelerator)))
+            return False
         self.state.step += 1
         self.scheduler.step()  # the multiplier reads state.step / elapsed_seconds, both updated
         return True
@@ -505,18 +562,11 @@ class Trainer:
         self._stopping = self._stopping or agreed.stop
         return agreed.first_nonfinite
 
-    def _skip_nonfinite_step(self, found: tuple[float, Place]) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        state = self.state
-        state.skipped_nonfinite += 1
-        if state.skipped_nonfinite > self.args.skip_nonfinite:
-            raise nonfinite_error(*found)
-        self.log.message(skipped_message(found, state.skipped_nonfinite, self.args.skip_nonfinite))
-
     def _after_step(self, progress: tqdm) -> None:
         state, args = self.state, self.args
         logging = state.step % args.log_every == 0 or self._finished()
-        if logging or self._evaluating_or_saving() or self._signal_seen_here():
+        signal_here = self._signal_received is not None and self.accelerator.num_processes == 1
+        if logging or evaluates_or_saves(state.step, args) or signal_here:
             self._agree_on_pending_steps()
         # The clock runs on from the backward pass, so the update just made (and the wait for the
         # device in agreeing) counts at the next step; logging (and the matmul peak measured for
@@ -529,19 +579,9 @@ class Trainer:
             if args.save_every and state.step % args.save_every == 0 and not self._finished():
                 self.save_checkpoint()
 
-    def _evaluating_or_saving(self) -> bool:
-        """This step evaluates or checkpoints: the processes agree first, so that neither sees
-        weights a non-finite loss has reached."""
-        step, args = self.state.step, self.args
-        return any(every and step % every == 0 for every in (args.eval_every, args.save_every))
-
-    def _signal_seen_here(self) -> bool:
-        """A signal reached this process, which alone trains: stop after this step. Several
-        processes learn of it at their next agreement (a collective needs them all)."""
-        return self._signal_received is not None and self.accelerator.num_processes == 1
-
     def _log_training(self, progress: tqdm) -> None:
         record = self.ledger.record(self.state, self._last_lr)
+        record |= precision_record(self.state, loss_scale(self.accelerator))
         progress.set_postfix(report.progress_postfix(record))
         self.log.record("train", record)
 
@@ -602,6 +642,9 @@ class Trainer:
             self.state = self.checkpoints.resume(
                 checkpoint, self._unwrapped, self.state, args, self.stream, self.log.message
             )
+            found = self.state.batch_size_found
+            if found is not None and found != args.batch_size:
+                self._use_batch_size(found)
         self.log.truncate(after_step=self.state.step)
 
     # ------------------------------------------------------------ the saved model
