@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, BertModel
 
+from egbert.arguments import ArgumentParser
 from egbert.cli import main as cli_main
 from egbert.embedding import load_model
 from egbert.errors import CheckpointError
@@ -654,17 +656,40 @@ def test_pickles_load_only_with_allow_pickle_and_as_weights_only(inputs, tmp_pat
     assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin"))
 
 
+def calls_in_source() -> Iterator[tuple[str, ast.Call]]:
+    """Every call written in egbert and its scripts, with its file and line."""
+    for folder in ("egbert", "scripts"):
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call):
+                    yield f"{path.relative_to(REPO)}:{node.lineno}", node
+
+
 def test_no_trust_remote_code_anywhere():
     """egbert never lets a folder it loads run the folder's own code: no call in egbert or its
     scripts passes trust_remote_code (saved folders carry such code for people without egbert,
     who opt in themselves)."""
     offenders = [
-        f"{path.relative_to(REPO)}:{node.lineno}"
-        for folder in ("egbert", "scripts")
-        for path in (REPO / folder).rglob("*.py")
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-        if isinstance(node, ast.Call)
-        and any(keyword.arg in ("trust_remote_code", None) for keyword in node.keywords)
+        place
+        for place, node in calls_in_source()
+        if any(keyword.arg in ("trust_remote_code", None) for keyword in node.keywords)
         and "trust_remote_code" in ast.unparse(node)
     ]
     assert offenders == []
+
+
+def test_no_parser_takes_a_prefix_of_an_option():
+    """argparse's prefix matching (`allow_abbrev`) is off in every parser of egbert and its
+    scripts: `--train-file` must not quietly mean --train-files (CASES runs such prefixes
+    through the commands)."""
+    offenders = [
+        place
+        for place, node in calls_in_source()
+        if ast.unparse(node.func) == "argparse.ArgumentParser"
+        and not any(
+            keyword.arg == "allow_abbrev" and ast.unparse(keyword.value) == "False"
+            for keyword in node.keywords
+        )
+    ]
+    assert offenders == []
+    assert ArgumentParser("egbert x").allow_abbrev is False  # every command's parser

@@ -5,7 +5,6 @@ runs use."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import re
@@ -490,25 +489,3 @@ def test_their_values_egbert_lacks_and_their_options_it_lacks_get_one_line(tmp_p
     config.write_text("model: gpt\nfp16: true\n")
     code, _, err = run_cli(["pretrain", "--config", str(config), "--output-dir", "o"], capsys)
     assert err.strip().endswith("unknown option(s) fp16 (fp16: egbert's mixed precision is --bf16)")
-
-
-def test_no_parser_takes_a_prefix_of_an_option():
-    """argparse's prefix matching (`allow_abbrev`) is off in every parser of egbert and its
-    scripts: `--train-file` must not quietly mean --train-files (tests/test_bad_input.py runs
-    such prefixes through the commands)."""
-    repo = Path(__file__).resolve().parents[1]
-    parsers = [
-        f"{path.relative_to(repo)}:{node.lineno}"
-        for folder in ("egbert", "scripts")
-        for path in (repo / folder).rglob("*.py")
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-        if isinstance(node, ast.Call)
-        and ast.unparse(node.func) == "argparse.ArgumentParser"
-        and not any(
-            keyword.arg == "allow_abbrev" and ast.unparse(keyword.value) == "False"
-            for keyword in node.keywords
-        )
-    ]
-    assert parsers == []
-    # and egbert's own parser class, every command's, sets it
-    assert egbert.arguments.ArgumentParser("p").allow_abbrev is False
