@@ -93,8 +93,9 @@ def read_model_config(model_dir: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"{config_file} is not a JSON object; save the model again")
     model_type = config.get("model_type")
     # Checked here, before transformers reads the folder: for a type it does not know, it would
-    # ask whether to run the folder's own code (its auto_map) instead of saying so.
-    if model_type not in CONFIG_MAPPING:
+    # ask whether to run the folder's own code (its auto_map) instead of saying so. (Without a
+    # type or an auto_map, each loader says what it misses.)
+    if (model_type is not None or "auto_map" in config) and model_type not in CONFIG_MAPPING:
         raise CheckpointError(
             f"{config_file}: unknown model_type {model_type!r} (not one of egbert's or "
             "transformers' model types); set the model's own type there, or pass a folder "
