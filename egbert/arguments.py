@@ -527,11 +527,13 @@ class DataclassArgumentParser(ArgumentParser):
         return instances
 
     def source_of(self, dest: str) -> str:
-        """Where the value of option `dest` came from; a value merged into the recipe's names
-        both."""
-        source, merges = super().source_of(dest), dest in merging_fields(self.dataclass_types)
-        recipe = self.sources.get(dest, "") if dest in self.recipe_values else ""
-        return f"{recipe}, then the {source}" if merges and recipe and source != recipe else source
+        """Where the value of option `dest` came from; one merged into the recipe's (see
+        `merged_with_defaults`) names both."""
+        source, recipe = super().source_of(dest), self.sources.get(dest, "")
+        fields = (spec for cls in self.dataclass_types for spec in dataclasses.fields(cls))
+        merges = any(spec.name == dest and "merge" in spec.metadata for spec in fields)
+        given = dest in self.recipe_values and source != recipe
+        return f"{recipe}, then the {source}" if merges and given else source
 
     def resolved_options(self, namespace: argparse.Namespace) -> dict[str, Any]:
         """The dataclasses' fields once they are built (and validated)."""
@@ -541,25 +543,16 @@ class DataclassArgumentParser(ArgumentParser):
         return options
 
 
-def merging_fields(dataclass_types: Sequence[type]) -> dict[str, Callable[[Any, Any], Any]]:
-    """{field: its merge}: the fields whose value adds to their default's instead of replacing
-    it (metadata `merge`, a function of (default, value); --config-overrides' key=value pairs)."""
-    return {
-        spec.name: spec.metadata["merge"]
-        for cls in dataclass_types
-        for spec in dataclasses.fields(cls)
-        if "merge" in spec.metadata
-    }
-
-
 def merged_with_defaults(
     dataclass_types: Sequence[type], values: dict[str, Any], defaults: dict[str, Any]
 ) -> dict[str, Any]:
-    """`values` (by field), each field of `merging_fields` merged into its value in `defaults`
-    (a recipe's) where both have one."""
+    """`values` (by field), where a field's metadata `merge`, a function of (default, value),
+    merges its value into its value in `defaults` (a recipe's) instead of replacing it
+    (--config-overrides' key=value pairs)."""
     merged = dict(values)
-    for name, merge in merging_fields(dataclass_types).items():
-        if defaults.get(name) is not None and merged.get(name) is not None:
+    for spec in (spec for cls in dataclass_types for spec in dataclasses.fields(cls)):
+        name, merge = spec.name, spec.metadata.get("merge")
+        if merge and defaults.get(name) is not None and merged.get(name) is not None:
             merged[name] = merge(defaults[name], merged[name])
     return merged
 

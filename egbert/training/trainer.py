@@ -49,7 +49,7 @@ from transformers import EvalPrediction
 
 from egbert import report
 from egbert.config import TrainingArguments
-from egbert.errors import ConfigError, DataError, TrainingError, first_line
+from egbert.errors import ConfigError, DataError, TrainingError
 from egbert.training import optimization
 from egbert.training.batches import (
     epoch_batches,
@@ -77,6 +77,7 @@ from egbert.training.runtime import (
     keep_freed_memory_in_process,
     make_accelerator,
     setup_lines,
+    start_trackers,
     stop_on_signals,
 )
 from egbert.training.step_numbers import (
@@ -591,25 +592,13 @@ class Trainer:
             self.state.step, asdict(self.state), save_position, self._write_tokenizer
         )
 
-    def _start_trackers(self) -> None:
-        """The trackers of --report-to; one that cannot start (its folder, its server, its
-        login) stops the run in one line, before the first step."""
-        try:
-            self.accelerator.init_trackers("egbert", config=report.tracker_config(self.run_config))
-        except Exception as error:  # each tracker's library fails in its own way
-            # end_training would close them, the one that failed half-made included
-            self.accelerator.trackers.clear()
-            names = " ".join(self.args.report_to)
-            raise ConfigError(
-                f"--report-to {names}: a tracker could not start ({first_line(error)}); fix that "
-                "or pass --report-to none"
-            ) from None
-
     def _start_or_resume(self) -> None:
         """Start anew, seeded, or go on from the checkpoint --resume finds, as it left off."""
         args = self.args
         checkpoint = self.checkpoints.start(args, self.log.message)  # refuses to overwrite one
-        self._start_trackers()
+        start_trackers(
+            self.accelerator, self.args.report_to, report.tracker_config(self.run_config)
+        )
         if checkpoint is None:
             set_seed(args.seed)
         else:
