@@ -155,6 +155,9 @@ class ArgumentParser(argparse.ArgumentParser):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
+        # no prefixes: `--train-file` must not quietly mean --train-files (run_mlm.py's names
+        # are aliases or hints, spelled out)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(prog=prog, **kwargs)
         # Options of other tools (run_mlm.py's) that this command lacks: what to use instead.
         self.hints = hints or {}
@@ -454,6 +457,8 @@ class DataclassArgumentParser(ArgumentParser):
         self.recipe = recipe
         self.recipe_keys = tuple(recipe_keys)
         self.recipe_choices = recipe_choices or {}
+        # The recipe's values by dest: a field that adds to them (`merged_with_defaults`) merges.
+        self.recipe_values: dict[str, Any] = {}
         self.print_needs = tuple(self.recipe_choices)
         for cls in self.dataclass_types:
             group = self.add_argument_group(getattr(cls, "_argument_group_name", cls.__name__))
@@ -477,7 +482,8 @@ class DataclassArgumentParser(ArgumentParser):
             typed, _ = pre.parse_known_args(args)
             early = {**from_file, **{k: v for k, v in vars(typed).items() if v is not None}}
             values = self.recipe(early)
-            self.apply_defaults(*self._recipe_defaults(values))
+            self.recipe_values, sources = self._recipe_defaults(values)
+            self.apply_defaults(self.recipe_values, sources)
             for key in set(self.recipe_choices) - set(early) - set(values):
                 self._note_defaults_of(key)
         self.apply_defaults(from_file, file_source)
@@ -509,7 +515,7 @@ class DataclassArgumentParser(ArgumentParser):
                 action.default_note = f"depends on --{key.replace('_', '-')}: {each}"
 
     def into_dataclasses(self, namespace: argparse.Namespace) -> tuple[Any, ...]:
-        values = vars(namespace)
+        values = merged_with_defaults(self.dataclass_types, vars(namespace), self.recipe_values)
         instances = tuple(
             cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.init})
             for cls in self.dataclass_types
@@ -518,12 +524,35 @@ class DataclassArgumentParser(ArgumentParser):
             self.check(*instances)
         return instances
 
+    def source_of(self, dest: str) -> str:
+        """Where the value of option `dest` came from; one merged into the recipe's (see
+        `merged_with_defaults`) names both."""
+        source, recipe = super().source_of(dest), self.sources.get(dest, "")
+        fields = (spec for cls in self.dataclass_types for spec in dataclasses.fields(cls))
+        merges = any(spec.name == dest and "merge" in spec.metadata for spec in fields)
+        given = dest in self.recipe_values and source != recipe
+        return f"{recipe}, then the {source}" if merges and given else source
+
     def resolved_options(self, namespace: argparse.Namespace) -> dict[str, Any]:
         """The dataclasses' fields once they are built (and validated)."""
         options = {}
         for instance in self.into_dataclasses(namespace):
             options |= {name: _plain(value) for name, value in dataclasses.asdict(instance).items()}
         return options
+
+
+def merged_with_defaults(
+    dataclass_types: Sequence[type], values: dict[str, Any], defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """`values` (by field), where a field's metadata `merge`, a function of (default, value),
+    merges its value into its value in `defaults` (a recipe's) instead of replacing it
+    (--config-overrides' key=value pairs)."""
+    merged = dict(values)
+    for spec in (spec for cls in dataclass_types for spec in dataclasses.fields(cls)):
+        name, merge = spec.name, spec.metadata.get("merge")
+        if merge and defaults.get(name) is not None and merged.get(name) is not None:
+            merged[name] = merge(defaults[name], merged[name])
+    return merged
 
 
 def field_aliases(cls: type) -> dict[str, list[str]]:
@@ -624,8 +653,9 @@ def arguments_from_options(
     goes to the dataclass with that field (or an alias of it); `defaults` sit under `options`;
     `check`: the checks across the dataclasses, as the command line's."""
     aliases = option_aliases(dataclass_types)
-    values = {aliases.get(name, name): value for name, value in (defaults or {}).items()}
-    values |= {aliases.get(name, name): value for name, value in options.items()}
+    defaults = {aliases.get(name, name): value for name, value in (defaults or {}).items()}
+    given = {aliases.get(name, name): value for name, value in options.items()}
+    values = merged_with_defaults(dataclass_types, defaults | given, defaults)
     known = {f.name for cls in dataclass_types for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:

@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 
-from egbert.errors import EgbertError
+from egbert.errors import EgbertError, Interrupted
 
 # command -> one-line summary; its module is module_name(command)
 COMMANDS: dict[str, str] = {
@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     module = importlib.import_module(module_name(command))
     try:
         module.main(rest)
+    except Interrupted as stop:  # not an error: what the command did, on one line
+        print(f"egbert {command}: {stop}", file=sys.stderr)
+        sys.exit(128 + stop.signum)
     except EgbertError as error:
         sys.exit(f"egbert {command}: error: {error}")
     except KeyboardInterrupt:

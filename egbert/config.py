@@ -19,8 +19,9 @@ from typing import Any
 import yaml
 
 from egbert.arguments import read_config_file
-from egbert.errors import ConfigError
-from egbert.models.families import MODEL_FAMILIES
+from egbert.errors import CheckpointError, ConfigError
+from egbert.model_files import read_model_config
+from egbert.models.families import FAMILY_OF_MODEL_TYPE, MODEL_FAMILIES
 from egbert.models.heads import CLASSIFIER_FEATURES, CLASSIFIER_POOLS
 
 SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
@@ -291,6 +292,16 @@ class PrepareArguments:
     )
 
 
+def merge_config_overrides(base: str | None, added: str | None) -> str | None:
+    """`added`'s key=value pairs over `base`'s: a key in both takes `added`'s value, the others
+    keep theirs (how --config-overrides adds to a recipe's)."""
+    items = {}
+    for overrides in (base, added):
+        for item in filter(None, (overrides or "").split(",")):
+            items[item.partition("=")[0].strip()] = item.strip()
+    return ",".join(items.values()) or None
+
+
 @dataclass
 class FinetuneArguments:
     """What to fine-tune and on which task (the trainer's options are `TrainingArguments`)."""
@@ -373,7 +384,9 @@ class FinetuneArguments:
         default=None,
         metadata={
             "help": "change fields of the model's config for fine-tuning, e.g. "
-            "'hidden_dropout_prob=0.1' (the format of run_mlm.py's --config_overrides)"
+            "'hidden_dropout_prob=0.1' (the format of run_mlm.py's --config_overrides); added "
+            "to the recipe's: a key given replaces that key only",
+            "merge": merge_config_overrides,
         },
     )
     allow_pickle: bool = field(
@@ -475,13 +488,29 @@ def load_recipe(family: str | None, stage: str) -> RecipeValues:
 
 
 def pretraining_recipe(options: dict[str, Any]) -> RecipeValues:
-    """The pretraining defaults of the family in options["model"] (none without a known one)."""
-    if options.get("model") not in MODEL_FAMILIES:
+    """The pretraining defaults of the family in options["model"], else of the model folder in
+    options["init_from"], whose family is then the model's (none without a known family)."""
+    family = options.get("model") or model_family(options.get("init_from"))
+    if family not in MODEL_FAMILIES:
         return RecipeValues()
-    recipe = load_recipe(options["model"], "pretrain")
+    recipe = load_recipe(family, "pretrain")
     if options.get("init_from"):  # a model from --init-from keeps its own config
         recipe.pop("config_overrides", None)
+    if not options.get("model"):
+        recipe["model"], recipe.origins["model"] = family, "--init-from's config.json"
     return recipe
+
+
+def model_family(model_dir: str | None) -> str | None:
+    """bert, gpt or elmo: the family of a model directory's config.json; None where there is
+    none to read (a Hub id, a mistyped path: loading the model says what is wrong)."""
+    if model_dir is None:
+        return None
+    try:
+        config = read_model_config(model_dir)
+    except (CheckpointError, ConfigError, OSError):
+        return None
+    return FAMILY_OF_MODEL_TYPE.get(config.get("model_type"))
 
 
 def load_preset(family: str, preset_or_path: str) -> dict[str, Any]:

@@ -25,6 +25,15 @@ class TrainingError(EgbertError):
     """Training cannot go on (for example a non-finite loss)."""
 
 
+class Interrupted(EgbertError):
+    """A signal (SIGTERM, SIGINT) stopped a command; the message says what it left behind. The
+    CLI exits with 128 + the signal's number, as a shell reports it."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
 def first_line(error: BaseException) -> str:
     """An exception as one line for a one-line error message."""
     text = str(error).strip()

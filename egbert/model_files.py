@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from egbert.errors import CheckpointError, first_line
 
@@ -40,6 +42,8 @@ ALLOW_PICKLE_HELP = (
 )
 # Where a training run puts its final model, beside its checkpoints and logs.
 RUN_MODEL_DIR = "model"
+# A Hub id as the Hub spells one: `name` or `owner/name`, no leading `.` or `/`.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 # What loading a broken or mismatched checkpoint raises inside transformers and torch.
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, pickle.PickleError)
 
@@ -53,6 +57,19 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
     return path
 
 
+def hub_id_note(path: str | os.PathLike) -> str:
+    """For a folder that is not there but whose name reads as a Hub id (`bert-base-uncased`,
+    `org/name`): that egbert reads folders there, not the Hub (the empty string otherwise)."""
+    name = str(path)
+    if Path(name).exists() or not HUB_ID.fullmatch(name):
+        return ""
+    return (
+        f" ({name} reads as a Hugging Face Hub id: egbert does not download models or "
+        f"tokenizers here; fetch it with `huggingface-cli download {name} --local-dir DIR` and "
+        "pass DIR)"
+    )
+
+
 def read_model_config(model_dir: str | os.PathLike) -> dict[str, Any]:
     """The `config.json` of a saved model directory (or of a run directory's model);
     CheckpointError if missing or unreadable."""
@@ -61,6 +78,7 @@ def read_model_config(model_dir: str | os.PathLike) -> dict[str, Any]:
     if not path.is_dir():
         raise CheckpointError(
             f"model directory {path} not found; pass a directory written by save_pretrained"
+            + hub_id_note(model_dir)
         )
     if not config_file.is_file():
         raise CheckpointError(f"{path} has no config.json: pass a saved model directory")
@@ -73,6 +91,16 @@ def read_model_config(model_dir: str | os.PathLike) -> dict[str, Any]:
         ) from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_file} is not a JSON object; save the model again")
+    model_type = config.get("model_type")
+    # Checked here, before transformers reads the folder: for a type it does not know, it would
+    # ask whether to run the folder's own code (its auto_map) instead of saying so. (Without a
+    # type or an auto_map, each loader says what it misses.)
+    if (model_type is not None or "auto_map" in config) and model_type not in CONFIG_MAPPING:
+        raise CheckpointError(
+            f"{config_file}: unknown model_type {model_type!r} (not one of egbert's or "
+            "transformers' model types); set the model's own type there, or pass a folder "
+            "saved by egbert or transformers"
+        )
     return config
 
 

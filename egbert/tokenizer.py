@@ -33,9 +33,12 @@ from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFas
 
 from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError, DataError
-from egbert.model_files import resolve_model_dir
+from egbert.model_files import hub_id_note, resolve_model_dir
 from egbert.models.families import FAMILY_OF_MODEL_TYPE, MODEL_FAMILIES
+from egbert.outputs import check_output_folder
 from egbert.pretrain.sources import (
+    DECODE_ERRORS,
+    ENCODING_ERRORS_HELP,
     check_encoding,
     check_text_files,
     decode_line,
@@ -181,6 +184,8 @@ def train_tokenizer(
         )
     if not files and dataset is None:
         raise DataError("no corpus given; pass files with --files, a data set with --dataset")
+    if out_dir is not None:
+        check_output_folder(out_dir, "--out")
     sources = load_sources(
         files,
         dataset=dataset,
@@ -424,7 +429,7 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     if not path.is_dir():
         raise CheckpointError(
             f"{path}: no such tokenizer directory; train one with "
-            "`egbert tokenizer train` or pass a model directory"
+            "`egbert tokenizer train` or pass a model directory" + hub_id_note(path)
         )
     if (path / "tokenizer.json").is_file():
         try:
@@ -467,6 +472,7 @@ def tokenizer_stats(
     files: Sequence[str | os.PathLike],
     encoding: str = "utf-8",
     batch_lines: int = 10_000,
+    encoding_errors: str = "strict",
 ) -> dict[str, float]:
     """Tokens per word, unknown-token rate, per-line length percentiles and encoding throughput."""
     backend = tokenizer.backend_tokenizer
@@ -488,7 +494,8 @@ def tokenizer_stats(
 
     batch: list[str] = []
     paths = check_text_files(files, "--files")
-    for line in tqdm(iter_lines(paths, encoding), desc="encoding", unit=" lines"):
+    lines = iter_lines(paths, encoding, encoding_errors)
+    for line in tqdm(lines, desc="encoding", unit=" lines"):
         batch.append(line)
         if len(batch) == batch_lines:
             encode(batch)
@@ -565,6 +572,7 @@ def build_parser() -> ArgumentParser:
     train.add_argument("--lowercase", action=BooleanFlag, help="lowercase (and strip accents)")
     train.add_argument("--min-frequency", type=int, help="fewer occurrences: not a token")
     train.add_argument("--encoding", help="the files' encoding")
+    train.add_argument("--encoding-errors", choices=DECODE_ERRORS, help=ENCODING_ERRORS_HELP)
     train.add_argument("--out", required=True, help="output directory")
     train.defaults_from(train_tokenizer)
     stats = commands.add_parser(
@@ -575,6 +583,7 @@ def build_parser() -> ArgumentParser:
     stats.add_argument("--tokenizer", required=True, help="tokenizer or model directory")
     stats.add_argument("--files", nargs="+", required=True, help="text files, one text per line")
     stats.add_argument("--encoding", help="the files' encoding")
+    stats.add_argument("--encoding-errors", choices=DECODE_ERRORS, help=ENCODING_ERRORS_HELP)
     stats.add_argument("--json", action=BooleanFlag, help="print the statistics as JSON")
     stats.defaults_from(tokenizer_stats)
     return parser

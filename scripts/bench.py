@@ -737,7 +737,7 @@ def data_table(rows: list[dict], training_tokens_per_s: float | None) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["bert", "gpt", "elmo", "all"], default="all")
     parser.add_argument(
         "--precision",

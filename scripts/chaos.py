@@ -335,7 +335,7 @@ def choose_modes(kills: int, rng: random.Random) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="scripts/chaos.py", description=__doc__.split("\n\n")[0].strip()
+        allow_abbrev=False, prog="scripts/chaos.py", description=__doc__.split("\n\n")[0].strip()
     )
     parser.add_argument("--kills", type=int, default=20, help="SIGKILLs (default: 20)")
     parser.add_argument("--model", choices=("bert", "gpt", "elmo"), default="bert")

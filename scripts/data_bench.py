@@ -67,7 +67,7 @@ def main() -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--copies", type=int, nargs="+", default=[1, 10, 30])
     parser.add_argument(
         "--reference-copies",

@@ -63,7 +63,7 @@ def cli_vectors(model_dir: Path, sentences: list[str]) -> tuple[np.ndarray, floa
 
 
 def run_bench() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)

@@ -40,7 +40,7 @@ from egbert import (
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", nargs="+", required=True, help="GLUE task names, e.g. rte sst2")
     parser.add_argument("--model", required=True, help="a stock transformers checkpoint directory")
     parser.add_argument("--data-dir", required=True, help="the GLUE folder (RTE/train.tsv, ...)")

@@ -73,7 +73,7 @@ def evaluate(model_dir: Path, tokenizer, files: list[str], limit: int, mlm: floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--files", nargs="+", required=True, help="validation text files")
     parser.add_argument("--models", nargs="+", required=True, type=Path, help="run or model dirs")

@@ -628,7 +628,7 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="scripts/recipe_compare.py", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="scripts/recipe_compare.py", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--budget-minutes",

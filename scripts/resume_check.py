@@ -256,7 +256,7 @@ def table(engine: str, results: dict[str, FamilyResult | str]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="+", default=["bert", "gpt", "elmo"])
     parser.add_argument("--engine", choices=["plain", *ENGINE_CONFIGS], default="plain")
     parser.add_argument(

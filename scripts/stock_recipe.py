@@ -266,7 +266,7 @@ def pretrain(args: argparse.Namespace) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="scripts/stock_recipe.py", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="scripts/stock_recipe.py", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--tokenizer", required=True, help="tokenizer directory (AutoTokenizer)")
     parser.add_argument("--train-files", nargs="+", type=Path, required=True, metavar="FILE")

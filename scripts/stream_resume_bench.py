@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", required=True, help="a WikiText-style text file")
     parser.add_argument("--copies", type=int, default=10)
     parser.add_argument("--tokenizer", required=True)

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import random
 import re
 import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +24,13 @@ from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, BertModel
 
+from egbert.arguments import ArgumentParser
 from egbert.cli import main as cli_main
 from egbert.embedding import load_model
 from egbert.errors import CheckpointError
 from egbert.models.bert import EgbertBertConfig, EgbertBertModel
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.pretrain import prepare as prepare_module
 
 REPO = Path(__file__).resolve().parents[1]
 HUGE_LINE_BYTES = 5_000_000  # refused: a 5 MB TSV field
@@ -64,6 +71,8 @@ CASES = [
     ("tokenizer", "Latin-1 text", "train --files {latin1} --out {out}", "--encoding latin-1"),
     ("tokenizer", "unknown encoding", "train --files {text} --out {out} --encoding nope",
      "unknown --encoding 'nope'"),
+    ("tokenizer", "--out a file", "train --files {text} --out {text}",
+     "text.txt is a file, not a folder; choose another --out"),
     ("tokenizer", "vocab size -5", "train --files {text} --out {out} --vocab-size -5",
      "--vocab-size -5 is too small"),
     ("tokenizer", "min frequency -1", "train --files {text} --out {out} --min-frequency -1",
@@ -133,7 +142,31 @@ CASES = [
     ("pretrain", "batch size 0", f"{PRETRAIN} --train-files {{text}} --batch-size 0",
      "--batch-size must be > 0"),
     ("pretrain", "seq len above the position table", f"{PRETRAIN} --train-files {{text}} "
-     "--seq-len 1024", "--seq-len 1024 is above the model's max_position_embeddings (512)"),
+     "--seq-len 1024", "--seq-len 1024 is above the model's max_position_embeddings (512); use "
+     "--seq-len 512 or less, or give the model more: --config-overrides "
+     "max_position_embeddings=1024"),
+    ("pretrain", "--output-dir a file, TensorBoard on (the default), checked before the data",
+     f"{PRETRAIN} --train-files {{cut}} --output-dir {{text}}",
+     "text.txt is a file, not a folder; choose another --output-dir"),
+    ("pretrain", "--output-dir a file, --report-to none",
+     f"{PRETRAIN} --train-files {{cut}} --output-dir {{text}} --report-to none",
+     "text.txt is a file, not a folder; choose another --output-dir"),
+    ("pretrain", "--output-dir where no folder may be made",
+     f"{PRETRAIN} --train-files {{cut}} --output-dir {{unwritable}}/run", ": cannot write in"),
+    ("pretrain", "a Hub id as --init-from", f"{PRETRAIN} --train-files {{text}} "
+     "--init-from bert-base-uncased", "bert-base-uncased reads as a Hugging Face Hub id"),
+    ("pretrain", "a Hub id as run_mlm's --model_name_or_path", f"{PRETRAIN} --train-files "
+     "{text} --model_name_or_path bert-base-uncased", "reads as a Hugging Face Hub id"),
+    ("pretrain", "a Hub id as --tokenizer", f"{PRETRAIN} --train-files {{text}} "
+     "--tokenizer bert-base-uncased", "bert-base-uncased reads as a Hugging Face Hub id"),
+    ("pretrain", "--init-from a model of an unknown model_type",
+     f"{PRETRAIN} --train-files {{text}} --init-from {{unknown_auto_map}}",
+     "unknown model_type 'my-bert'"),
+    ("pretrain", "run_mlm's --train-file (no prefix of --train-files)",
+     f"{PRETRAIN} --train-file {{text}}",
+     "unrecognized option --train-file (pretrain: --train-files)"),
+    ("pretrain", "run_mlm's --train_file", f"{PRETRAIN} --train_file {{text}}",
+     "unrecognized option --train_file (pretrain: --train-files)"),
     ("pretrain", "heads not dividing hidden size",
      f"{PRETRAIN} --train-files {{text}} --preset {{odd_heads_preset}}",
      "hidden_size (30) must be divisible by num_attention_heads (4)"),
@@ -170,7 +203,20 @@ CASES = [
      f"--task rte --model {{tokenizer}} {FINETUNE} --data-dir {{glue}}", "has no config.json"),
     ("finetune", "unknown model type",
      f"--task rte --model {{unknown_type}} {FINETUNE} --data-dir {{glue}}",
-     "cannot load a model config"),
+     "unknown model_type 'not-a-model'"),
+    ("finetune", "unknown model type, the folder's code named in auto_map",
+     f"--task rte --model {{unknown_auto_map}} {FINETUNE} --data-dir {{glue}}",
+     "unknown model_type 'my-bert'"),
+    ("finetune", "a Hub id as --model",
+     f"--task rte --model bert-base-uncased {FINETUNE} --data-dir {{glue}}",
+     "bert-base-uncased reads as a Hugging Face Hub id"),
+    ("finetune", "--output-dir a file, checked before the data",
+     f"{RTE} {{glue_junk}} --output-dir {{text}}",
+     "text.txt is a file, not a folder; choose another --output-dir"),
+    ("finetune", "--output-dir where no folder may be made",
+     f"{RTE} {{glue_junk}} --output-dir {{unwritable}}/run", ": cannot write in"),
+    ("finetune", "--epoch (no prefix of --epochs)", f"{RTE} {{glue}} --epoch 1",
+     "unrecognized option --epoch (did you mean --epochs?)"),
     ("finetune", "junk config.json",
      f"--task rte --model {{junk_config}} {FINETUNE} --data-dir {{glue}}", "is not valid JSON"),
     ("finetune", "junk model.safetensors",
@@ -209,7 +255,9 @@ CASES = [
      "custom_broken.jsonl line 1: no text field 'body'"),
     ("embed", "missing model", f"--model {{missing}} --input {{text}} {EMBED_TO}", "not found"),
     ("embed", "unknown model type", f"--model {{unknown_type}} --input {{text}} {EMBED_TO}",
-     "cannot load the model"),
+     "unknown model_type 'not-a-model'"),
+    ("embed", "unknown model type, the folder's code named in auto_map",
+     f"--model {{unknown_auto_map}} --input {{text}} {EMBED_TO}", "unknown model_type 'my-bert'"),
     ("embed", "junk config.json", f"--model {{junk_config}} --input {{text}} {EMBED_TO}",
      "is not valid JSON"),
     ("embed", "junk model.safetensors", f"--model {{junk_weights}} --input {{text}} {EMBED_TO}",
@@ -226,8 +274,25 @@ CASES = [
      f"--model {{bert}} --input {{text}} {EMBED_TO} --max-length 4096", "exceeds the model's"),
     ("embed", "batch size 0", f"--model {{bert}} --input {{text}} {EMBED_TO} --batch-size 0",
      "must be at least 1"),
-    ("embed", "output folder missing", "--model {bert} --input {text} --output {missing}/e.npy",
-     "--output folder"),
+    ("embed", "--output inside a file", "--model {bert} --input {text} --output {text}/e.npy",
+     "text.txt is a file, not a folder; choose another --output"),
+    ("embed", "--output where no file may be made",
+     "--model {bert} --input {text} --output {unwritable}/e.npy", ": cannot write in"),
+    ("embed", "--out (no prefix of --output)", "--model {bert} --input {text} --out {out}/e.npy",
+     "unrecognized option --out"),
+    # ---------------------------------------------------------------- prepare
+    ("prepare", "--output-dir where no folder may be made, checked before the data",
+     "--model gpt --tokenizer {tokenizer} --train-files {cut} --output-dir {unwritable}/x",
+     ": cannot write in"),
+    ("prepare", "--output-dir a file",
+     "--model gpt --tokenizer {tokenizer} --train-files {cut} --output-dir {text}",
+     "text.txt is a file, not a folder"),
+    # ---------------------------------------------------------------- probe
+    ("probe", "--output-dir a file, checked before the model loads",
+     "--model {junk_weights} --task rte --data-dir {glue} --output-dir {text}",
+     "text.txt is a file, not a folder; choose another --output-dir"),
+    ("probe", "unknown model type, the folder's code named in auto_map",
+     "--model {unknown_auto_map} --task rte --data-dir {glue}", "unknown model_type 'my-bert'"),
     # ---------------------------------------------------------------- generate
     ("generate", "missing model", "--model {missing} --prompt hello", "not found"),
     ("generate", "a bert model", "--model {bert} --prompt hello", "needs a gpt model"),
@@ -251,6 +316,9 @@ CASES = [
     ("convert", "junk config.json", "--from {junk_config} --to {out}", "is not valid JSON"),
     ("convert", "unknown model type", "--from {unknown_type} --to {out}",
      "model_type 'not-a-model'"),
+    ("convert", "unknown model type to transformers, the folder's code named in auto_map",
+     "--from {unknown_auto_map} --to {out} --to-transformers", "unknown model_type 'my-bert'"),
+    ("convert", "--to a file", "--from {stock} --to {text}", "text.txt is a file, not a folder"),
     ("convert", "egbert model without --to-transformers", "--from {bert} --to {out}",
      "--to-transformers"),
     ("convert", "stock model with --to-transformers", "--from {stock} --to {out} "
@@ -393,7 +461,28 @@ def inputs(
         text = config if isinstance(config, bytes) else json.dumps(config).encode()
         (folder / "config.json").write_bytes(text)
         paths[name] = folder
+    # a folder saved by egbert, but for its model_type: transformers would offer to run its code
+    paths["unknown_auto_map"] = shutil.copytree(root / "bert", root / "unknown_auto_map")
+    config = json.loads((root / "bert" / "config.json").read_text(encoding="utf-8"))
+    assert "auto_map" in config
+    config_file = paths["unknown_auto_map"] / "config.json"
+    config_file.write_text(json.dumps({**config, "model_type": "my-bert"}), encoding="utf-8")
+    paths["unwritable"] = unwritable_folder(root)
     return paths
+
+
+def unwritable_folder(root: Path) -> Path | None:
+    """A folder that takes no new entry: a read-only one, or for root (whom permission bits do
+    not stop) /sys, which refuses even root; None where neither does."""
+    read_only = root / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    for folder in (read_only, Path("/sys")):
+        try:
+            os.rmdir(tempfile.mkdtemp(dir=folder))
+        except OSError:
+            return folder
+    return None
 
 
 # ---------------------------------------------------------------- running the CLI in-process
@@ -423,6 +512,8 @@ def files_under(folder: Path) -> list[Path]:
     [pytest.param(c, argv, e, id=f"{c}: {what}") for c, what, argv, e in CASES],
 )
 def test_bad_input_ends_in_one_clear_line(command, argv, expected, inputs, tmp_path, capsys):
+    if "{unwritable}" in argv and inputs["unwritable"] is None:
+        pytest.skip("no folder here refuses new files")
     out = tmp_path / "out"
     if command == "embed":
         out.mkdir()  # embed writes a file into an existing folder
@@ -435,6 +526,53 @@ def test_bad_input_ends_in_one_clear_line(command, argv, expected, inputs, tmp_p
     assert "Traceback" not in stderr
     assert not re.search(r"Failed to (read|load)", stderr), "a reader's own error line too"
     assert files_under(out) == [], "partial output left behind"
+
+
+def test_a_tracker_that_cannot_start_ends_in_one_line(inputs, tmp_path, capsys):
+    """TensorBoard's folder (OUTPUT_DIR/logs) is a file: one line naming --report-to, not
+    TensorBoard's traceback and then Accelerate's AttributeError on closing it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "logs").write_text("not a folder", encoding="utf-8")
+    argv = fill(f"{PRETRAIN} --train-files {{text}}", inputs, out)
+    code, stderr = run_cli(["pretrain", *argv], capsys)
+    assert isinstance(code, str) and "Traceback" not in stderr, stderr[-2000:]
+    expected = "egbert pretrain: error: --report-to tensorboard: a tracker could not start"
+    assert code.startswith(expected) and "\n" not in code
+    assert sorted(path.name for path in out.iterdir()) == ["logs"]
+
+
+def test_prepare_stopped_by_sigterm_says_so_and_leaves_no_temporary_folder(
+    inputs, tmp_path, capsys, monkeypatch
+):
+    """SIGTERM while prepare works: one line saying what it left, exit 143, no `.NAME.tmp-PID`
+    beside the output; a rerun removes the temporary folder of a process that is gone (kept:
+    a running one's) and prepares the folder."""
+    load_corpus = prepare_module.load_corpus
+
+    def load_then_terminate(*args, **kwargs):
+        documents = load_corpus(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` from another shell
+        return documents
+
+    monkeypatch.setattr(prepare_module, "load_corpus", load_then_terminate)
+    target = tmp_path / "prepared"
+    argv = ["prepare", "--model", "gpt", "--tokenizer", str(inputs["tokenizer"]), "--seq-len"]
+    argv += ["16", "--train-files", str(inputs["text"]), "--output-dir", str(target)]
+    code, stderr = run_cli(argv, capsys)
+    assert code == 128 + signal.SIGTERM and "Traceback" not in stderr
+    said = f"egbert prepare: stopped by SIGTERM; nothing written to {target} (its temporary"
+    assert stderr.strip().splitlines()[-1].startswith(said)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    stale, running = (tmp_path / f".prepared.tmp-{pid}" for pid in (ended.pid, os.getppid()))
+    for folder in (stale, running):
+        folder.mkdir()
+        (folder / "half-written").write_bytes(b"x")
+    assert run_cli(argv, capsys)[0] in (0, None)
+    assert sorted(tmp_path.iterdir()) == sorted([running, target])
 
 
 # ---------------------------------------------------------------- input that is fine
@@ -463,6 +601,14 @@ def test_a_1_mb_line_is_embedded_truncated_and_counted_by_stats(inputs, tmp_path
     assert stats["lines"] == 1 and stats["words"] == words > 150_000
     # the whole line is counted, not truncated: every word is one token or more
     assert stats["tokens"] == stats["length_max"] >= words
+
+
+def test_embed_makes_the_folder_of_its_output(inputs, tmp_path, capsys):
+    output = tmp_path / "new" / "deeper" / "vectors.npy"
+    argv = ["embed", "--model", str(inputs["bert"]), "--input", str(inputs["custom_dev"])]
+    code, stderr = run_cli([*argv, "--layers", "-1", "--output", str(output)], capsys)
+    assert code in (0, None), stderr
+    assert np.load(output).shape == (3, 32)  # the file's 3 lines, the width of TINY
 
 
 def test_pretrain_reads_latin1_with_the_encoding_option(inputs, tmp_path, capsys):
@@ -510,17 +656,40 @@ def test_pickles_load_only_with_allow_pickle_and_as_weights_only(inputs, tmp_pat
     assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin"))
 
 
+def calls_in_source() -> Iterator[tuple[str, ast.Call]]:
+    """Every call written in egbert and its scripts, with its file and line."""
+    for folder in ("egbert", "scripts"):
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call):
+                    yield f"{path.relative_to(REPO)}:{node.lineno}", node
+
+
 def test_no_trust_remote_code_anywhere():
     """egbert never lets a folder it loads run the folder's own code: no call in egbert or its
     scripts passes trust_remote_code (saved folders carry such code for people without egbert,
     who opt in themselves)."""
     offenders = [
-        f"{path.relative_to(REPO)}:{node.lineno}"
-        for folder in ("egbert", "scripts")
-        for path in (REPO / folder).rglob("*.py")
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-        if isinstance(node, ast.Call)
-        and any(keyword.arg in ("trust_remote_code", None) for keyword in node.keywords)
+        place
+        for place, node in calls_in_source()
+        if any(keyword.arg in ("trust_remote_code", None) for keyword in node.keywords)
         and "trust_remote_code" in ast.unparse(node)
     ]
     assert offenders == []
+
+
+def test_no_parser_takes_a_prefix_of_an_option():
+    """argparse's prefix matching (`allow_abbrev`) is off in every parser of egbert and its
+    scripts: `--train-file` must not quietly mean --train-files (CASES runs such prefixes
+    through the commands)."""
+    offenders = [
+        place
+        for place, node in calls_in_source()
+        if ast.unparse(node.func) == "argparse.ArgumentParser"
+        and not any(
+            keyword.arg == "allow_abbrev" and ast.unparse(keyword.value) == "False"
+            for keyword in node.keywords
+        )
+    ]
+    assert offenders == []
+    assert ArgumentParser("egbert x").allow_abbrev is False  # every command's parser

@@ -143,6 +143,55 @@ def test_init_from_starts_from_the_saved_weights(tiny_tokenizer_dir, tmp_path):
     assert weights and all(torch.equal(state[name], tensor) for name, tensor in weights.items())
 
 
+@proves("pretrain", "--init-from")
+def test_init_from_alone_gives_the_family_and_the_tokenizer_of_its_folder(
+    tiny_tokenizer_dir, wikitext_slice, tmp_path
+):
+    """A folder saved with its tokenizer answers --model and --tokenizer: the run is the
+    folder's family (a gpt here), with the folder's tokenizer (600 tokens, not --tokenizer's)."""
+    folder, other = tmp_path / "saved", tmp_path / "tokenizer-600"
+    train_tokenizer([wikitext_slice], vocab_size=600, out_dir=other)
+    weights = saved_model(folder, other)
+    AutoTokenizer.from_pretrained(other).save_pretrained(folder)
+    text = tmp_path / "a.txt"
+    text.write_text("".join(wikitext_slice.read_text(encoding="utf-8").splitlines(True)[:40]))
+    argv = ["--init-from", str(folder), "--train-files", str(text), "--seq-len", "32"]
+    model_args, *rest = parse_pretrain_args([*argv, "--output-dir", str(tmp_path / "out")])
+    assert model_args.model == "gpt"
+    trainer = pretraining_trainer(model_args, *rest)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in weights.items())
+    # the blocks hold the corpus's tokens as the folder's tokenizer reads them
+    reference = AutoTokenizer.from_pretrained(other)
+    known = set(reference(text.read_text(encoding="utf-8"))["input_ids"])
+    known.add(reference.eos_token_id)
+    seen = set(next(iter(trainer.train_loader))["input_ids"].flatten().tolist())
+    assert seen <= known and len(seen) > 20
+
+
+@proves("pretrain", "--config-overrides")
+def test_config_overrides_add_to_the_recipes_key_by_key(tiny_tokenizer_dir, tmp_path, capsys):
+    """bert's recipe sets three config fields; --config-overrides replaces the one it names
+    and adds its others, on the command line, from Python and in --print-config."""
+    recipe = resources.files("egbert") / "configs" / "recipes" / "bert.yaml"
+    pairs = yaml.safe_load(recipe.read_text(encoding="utf-8"))["pretrain"]["config_overrides"]
+    expected = dict(pair.split("=") for pair in pairs.split(","))
+    given = "hidden_dropout_prob=0.25,max_position_embeddings=64"
+    expected |= dict(pair.split("=") for pair in given.split(","))
+    assert len(expected) == 4  # three of the recipe, one new
+    config = model_of(tiny_tokenizer_dir, "--config-overrides", given, model="bert").config
+    assert {key: getattr(config, key) for key in expected} == {
+        key: yaml.safe_load(value) for key, value in expected.items()
+    }
+    options = {"model": "bert", "tokenizer": str(tiny_tokenizer_dir), "output_dir": "out"}
+    model_args = pretrain_arguments(**options, config_overrides=given)[0]
+    assert dict(pair.split("=") for pair in model_args.config_overrides.split(",")) == expected
+    with pytest.raises(SystemExit):
+        parsed(tiny_tokenizer_dir, "--config-overrides", given, "--print-config", model="bert")
+    printed = yaml.safe_load(capsys.readouterr().out)["config_overrides"]
+    assert dict(pair.split("=") for pair in printed.split(",")) == expected
+
+
 @proves("pretrain", "--allow-pickle")
 def test_allow_pickle_loads_a_pickled_checkpoint_to_start_from(tiny_tokenizer_dir, tmp_path):
     folder = tmp_path / "pickled"

@@ -196,7 +196,8 @@ def test_bad_config_overrides_end_with_one_line(
 ):
     args = pretrain_argv("bert", tiny_tokenizer_dir, corpus["short"], tmp_path / "run")
     error = _one_line_error([*args, "--config-overrides", overrides], capsys)
-    assert f"--config-overrides {overrides!r}: " in error and message in error
+    # the error names the overrides merged into the recipe's (bert's adds three keys)
+    assert "--config-overrides '" in error and message in error
     error = _one_line_error(
         [*args, "--config-overrides", "pre_layernorm=true", "--init-from", str(tmp_path)], capsys
     )

@@ -360,6 +360,27 @@ def test_train_lowercases_keeps_only_frequent_pieces_and_decodes_the_files(tmp_p
         egbert_main(["tokenizer", "train", *argv[:2], "--out", str(tmp_path / "utf8")])
 
 
+@proves("tokenizer train", "--encoding-errors")
+@proves("tokenizer stats", "--encoding-errors")
+def test_encoding_errors_say_what_becomes_of_undecodable_bytes(
+    tiny_tokenizer_dir, tmp_path, capsys
+):
+    """Latin-1 bytes read as UTF-8: a strict read stops and names --encoding-errors; `ignore`
+    drops the bytes and `replace` puts U+FFFD for each, as Python's own decoding does."""
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes("the river ran past the café à midi .\n".encode("latin-1") * 50)
+    argv = ["--files", str(corpus), "--vocab-size", "5000"]
+    with pytest.raises(SystemExit, match="or replace such bytes \\(--encoding-errors replace\\)"):
+        cli_tokenizer(tmp_path / "strict", *argv)
+    assert "caf" in cli_tokenizer(tmp_path / "ignore", *argv, "--encoding-errors", "ignore").vocab
+    stats = ["tokenizer", "stats", "--tokenizer", str(tiny_tokenizer_dir), "--files", str(corpus)]
+    capsys.readouterr()  # what train printed
+    for errors in ("ignore", "replace"):  # "à" a word of its own: a U+FFFD, or nothing
+        egbert_main([*stats, "--encoding-errors", errors, "--json"])
+        words = len(corpus.read_bytes().decode("utf-8", errors).split())
+        assert json.loads(capsys.readouterr().out)["words"] == words
+
+
 @proves("tokenizer stats", "--tokenizer", "--files", "--encoding", "--json")
 def test_stats_count_the_lines_words_and_tokens_of_the_files(
     tiny_tokenizer_dir, wikitext_slice, tmp_path, capsys

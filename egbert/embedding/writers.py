@@ -15,6 +15,7 @@ import numpy as np
 
 from egbert.embedding.vectors import TokenEmbeddings
 from egbert.errors import ConfigError
+from egbert.outputs import check_output_file
 
 OUTPUT_SUFFIXES = (".npy", ".safetensors", ".jsonl")
 STDOUT = "-"  # output="-": JSONL records on stdout
@@ -24,8 +25,8 @@ COUNTED_SUFFIXES = (".npy", ".safetensors")
 
 def check_output(output: str | os.PathLike, pool: str) -> Path:
     """The output path, refused (ConfigError naming the fix) when its extension is unknown, when
-    per-token vectors (pool "none") would go elsewhere than JSONL, or when its folder is
-    missing."""
+    per-token vectors (pool "none") would go elsewhere than JSONL, or when it cannot be written
+    (egbert.outputs)."""
     path = Path(output)
     if str(output) == STDOUT:
         return path
@@ -39,11 +40,7 @@ def check_output(output: str | os.PathLike, pool: str) -> Path:
             f"--output {path}: per-token vectors (--pool none) go to .jsonl; "
             "pool them (--pool mean|cls|last) for .npy or .safetensors"
         )
-    if not path.parent.is_dir():
-        raise ConfigError(
-            f"--output folder {path.parent} does not exist; create it or choose another --output"
-        )
-    return path
+    return check_output_file(path, "--output")  # its folder is made when the file is written
 
 
 @contextmanager
@@ -66,7 +63,9 @@ def open_writer(output: Path, count: int | None, metadata: dict[str, str]) -> It
 
 @contextmanager
 def _atomic_output(output: Path) -> Iterator[Path]:
-    """A temp path next to `output`, renamed onto it on success and removed on any failure."""
+    """A temp path next to `output` (its folder made, as pretrain makes its --output-dir),
+    renamed onto it on success and removed on any failure."""
+    output.parent.mkdir(parents=True, exist_ok=True)
     temp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
     try:
         yield temp

@@ -70,6 +70,7 @@ from egbert.finetune.tasks import (
 )
 from egbert.models.families import FAMILY_OF_MODEL_TYPE
 from egbert.models.heads import CLASSIFIER_POOLS, LAST4_FEATURES, LAST_LAYERS
+from egbert.outputs import check_output_folder
 
 # --features, each with how `embed` combines its layers; the last4 ones as the heads take them
 FEATURE_COMBINES = {"last": "none", **LAST4_FEATURES, "all-mean": "mean"}
@@ -303,6 +304,8 @@ def run_probe(
         values and scores are fractions.
     """
     check_probe_options(features, pool, max_train_samples, batch_size)
+    if output_dir is not None:
+        check_output_folder(output_dir, "--output-dir")
     data_dir = results.check_data_dir(data_dir)
     task_list = resolve_tasks(tasks, data_dir)
     model, tokenizer = load_model(model_dir, device, allow_pickle)

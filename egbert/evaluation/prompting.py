@@ -56,6 +56,7 @@ from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import Task, read_glue_split, resolve_tasks, split_file
 from egbert.model_files import load_pretrained, read_model_config
 from egbert.models.families import CAUSAL_MODEL_TYPES
+from egbert.outputs import check_output_folder
 from egbert.tokenizer import check_vocab_matches, load_tokenizer
 
 RESULTS_FILE = "prompt_eval_results.json"
@@ -422,6 +423,8 @@ def run_prompt_eval(
     """
     shots = list(dict.fromkeys(shots))
     check_prompt_options(shots, max_eval_samples, batch_size)
+    if output_dir is not None:
+        check_output_folder(output_dir, "--output-dir")
     data_dir = results.check_data_dir(data_dir)
     task_list = resolve_tasks(
         tasks,

@@ -51,7 +51,13 @@ from transformers import (
 
 import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with the Auto classes)
 from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
-from egbert.config import FinetuneArguments, TrainingArguments, apply_config_overrides, load_recipe
+from egbert.config import (
+    FinetuneArguments,
+    TrainingArguments,
+    apply_config_overrides,
+    load_recipe,
+    model_family,
+)
 from egbert.errors import CheckpointError, ConfigError, DataError, first_line
 from egbert.finetune.metrics import compute_task_metrics, format_metrics, glue_average, task_score
 from egbert.finetune.significance import dev_predictions
@@ -67,9 +73,14 @@ from egbert.finetune.tasks import (
     resolve_tasks,
     split_file,
 )
-from egbert.model_files import load_pretrained, read_model_config, resolve_model_dir
+from egbert.model_files import (
+    hub_id_note,
+    load_pretrained,
+    read_model_config,
+    resolve_model_dir,
+)
 from egbert.models.convert import convert_checkpoint
-from egbert.models.families import FAMILY_OF_MODEL_TYPE
+from egbert.outputs import check_output_folder
 from egbert.report import ModelCardInfo
 from egbert.tokenizer import check_vocab_matches, load_tokenizer
 from egbert.training.runtime import check_trackers_installed
@@ -138,22 +149,11 @@ def finetuning_recipe(options: dict[str, Any]) -> dict[str, Any]:
     return load_recipe(model_family(options.get("model")), "finetune")
 
 
-def model_family(model: str | None) -> str | None:
-    """bert, gpt or elmo: the family of a model directory's config.json; None where there is
-    none to read (a Hub id, a mistyped path: loading the model says what is wrong)."""
-    if model is None:
-        return None
-    try:
-        config = read_model_config(model)
-    except (CheckpointError, ConfigError, OSError):
-        return None
-    return FAMILY_OF_MODEL_TYPE.get(config.get("model_type"))
-
-
 def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOutput:
     """Fine-tune on each task asked for; returns the results and their table."""
     check_paths(args)
-    check_trackers_installed(training.report_to)  # before the data is tokenized
+    check_output_folder(training.output_dir, "--output-dir")  # before the data is tokenized
+    check_trackers_installed(training.report_to)
     tasks = tasks_to_run(args)
     output_dir = Path(training.output_dir)
     output = FinetuneOutput()
@@ -181,11 +181,11 @@ def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOu
 def read_backbone_config(model_dir: Path) -> PretrainedConfig:
     """The model folder's config; a one-line CheckpointError if it is not a model transformers
     or egbert knows."""
+    read_model_config(model_dir)  # a missing or broken config.json or model type, said plainly
     try:
         return AutoConfig.from_pretrained(model_dir)
     # AttributeError, TypeError: a config.json that is JSON but not an object of fields
     except (OSError, ValueError, KeyError, AttributeError, TypeError) as error:
-        read_model_config(model_dir)  # a missing or broken config.json, said plainly
         raise CheckpointError(
             f"cannot load a model config from {model_dir}: {first_line(error)}"
         ) from None
@@ -640,6 +640,8 @@ def build_custom_task(args: FinetuneArguments) -> Task:
 
 def check_paths(args: FinetuneArguments) -> None:
     if not Path(args.model).is_dir():
-        raise CheckpointError(f"--model {args.model}: no such model directory")
+        raise CheckpointError(
+            f"--model {args.model}: no such model directory" + hub_id_note(args.model)
+        )
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise DataError(f"--data-dir {args.data_dir}: no such folder; pass the GLUE folder")

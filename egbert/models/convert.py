@@ -57,6 +57,7 @@ from egbert.models.heads import (
     regression_target_stats,
 )
 from egbert.models.layers import ACTIVATIONS
+from egbert.outputs import check_output_folder
 from egbert.tokenizer import load_tokenizer, tokenizer_for_model
 
 # The files egbert.tokenizer.load_tokenizer builds a tokenizer from; the vocabularies are also
@@ -551,6 +552,7 @@ def convert_checkpoint(
     a failed conversion leaves no half-written `target`. Returns the converted model.
     """
     source, target = Path(source), Path(target)
+    check_output_folder(target, "--to")
     architecture = read_architecture(source)
     if to_transformers:
         if architecture in ENCODER_OF:

@@ -13,9 +13,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from egbert.config import MODEL_FAMILIES, PrepareArguments, TrainingArguments
+from egbert.config import (
+    MODEL_FAMILIES,
+    PrepareArguments,
+    TrainingArguments,
+    merge_config_overrides,
+)
 from egbert.errors import ConfigError
-from egbert.pretrain.sources import DOC_BOUNDARIES
+from egbert.pretrain.sources import DOC_BOUNDARIES, ENCODING_ERRORS_HELP
 
 BERT_OBJECTIVES = ("mlm", "rtd")
 
@@ -28,7 +33,10 @@ class ModelArguments:
     _aliases = {"init_from": ["--model-name-or-path"]}  # run_mlm.py's name
 
     model: str = field(
-        metadata={"help": "model family to pretrain", "choices": list(MODEL_FAMILIES)}
+        metadata={
+            "help": "model family to pretrain (with --init-from: the model's)",
+            "choices": list(MODEL_FAMILIES),
+        }
     )
     preset: str = field(
         default="tiny",
@@ -44,7 +52,9 @@ class ModelArguments:
         default=None,
         metadata={
             "help": "change fields of the preset's model config, as transformers' run_mlm.py "
-            "does: 'pre_layernorm=true,hidden_dropout_prob=0' (a fresh model only)"
+            "does: 'pre_layernorm=true,hidden_dropout_prob=0' (a fresh model only); added to "
+            "the recipe's: a key given replaces that key only",
+            "merge": merge_config_overrides,
         },
     )
     allow_pickle: bool = field(
@@ -79,7 +89,10 @@ class DataArguments:
 
     tokenizer: str | None = field(
         default=None,
-        metadata={"help": "tokenizer directory (egbert tokenizer train); with --data: its own"},
+        metadata={
+            "help": "tokenizer directory (egbert tokenizer train); with --data: its own; with "
+            "--init-from: the model folder's"
+        },
     )
     data: str | None = field(
         default=None,
@@ -154,7 +167,7 @@ class DataArguments:
     encoding: str = field(default="utf-8", metadata={"help": "text encoding of the files"})
     encoding_errors: str = field(
         default="strict",
-        metadata={"help": "on undecodable bytes: strict (stop and say where) | replace | ignore"},
+        metadata={"help": ENCODING_ERRORS_HELP},
     )
     seq_len: int = field(default=128, metadata={"help": "tokens per example"})
     streaming: bool = field(

@@ -21,6 +21,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
+import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,8 @@ import datasets
 from egbert import __version__
 from egbert.arguments import arguments_from_options, parse_args
 from egbert.config import MODEL_FAMILIES, PrepareArguments, pretraining_recipe
-from egbert.errors import ConfigError
+from egbert.errors import ConfigError, Interrupted
+from egbert.outputs import check_output_folder
 from egbert.pretrain.corpus import (
     examples_from_tokens,
     file_identities,
@@ -136,15 +140,18 @@ def prepare(
     if prepare_args.verify:
         return verify_folder(target)
     _check_prepare_options(data_args)
+    check_output_folder(target, "--output-dir")
     family = model_args.model  # prepare's one option of the model: the examples' family
     tokenizer = load_tokenizer(data_args.tokenizer)
     recipe = _recipe(family, data_args, objective_args, prepare_args.seed, tokenizer)
     if target.exists():
         return _existing(target, recipe)
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    shutil.rmtree(temporary, ignore_errors=True)  # left by a killed run of this process id
+    _remove_stale_temporaries(target)
+    temporary = _temporary_folder(target, os.getpid())
     temporary.mkdir()
+    left = f"nothing written to {target} (its temporary folder {temporary} removed)"
+    restore_signals = _raise_on_signals(f"{left}; run the command again to prepare it")
     try:
         dtype = token_dtype(len(tokenizer))
         splits = {}
@@ -176,7 +183,54 @@ def prepare(
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
+    finally:
+        restore_signals()
     return {**manifest, "folder": str(target)}
+
+
+def _temporary_folder(target: Path, pid: int) -> Path:
+    """Where process `pid` writes `target` before renaming it."""
+    return target.parent / f".{target.name}.tmp-{pid}"
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    """The temporary folders of `target` that no running process writes: left by a run that was
+    killed (SIGKILL, a power cut) or one of this process id."""
+    for folder in target.parent.glob(f".{target.name}.tmp-*"):
+        pid = folder.name.rpartition("-")[2]
+        if pid.isdigit() and (int(pid) == os.getpid() or not _process_runs(int(pid))):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process is there
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, and another user's
+        pass
+    return True
+
+
+def _raise_on_signals(left: str) -> Callable[[], None]:
+    """From now on SIGTERM and SIGINT raise `Interrupted` (its message: the signal, then `left`)
+    instead of ending the process where it stands, so that the caller's cleanup runs; a second
+    signal acts as before. Returns what puts the handlers before back."""
+    if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+        return lambda: None
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def stop(signum: int, frame: object) -> None:
+        restore()
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}; {left}", signum)
+
+    for signum in previous:
+        signal.signal(signum, stop)
+    return restore
 
 
 def _check_prepare_options(args: DataArguments) -> None:

@@ -53,6 +53,7 @@ from egbert.models.bert import (
 )
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.outputs import check_output_folder
 from egbert.pretrain import prepared_folder as prepared
 from egbert.pretrain.corpus import (
     CorpusUse,
@@ -212,15 +213,20 @@ def pretraining_trainer(
 ) -> Trainer:
     """The run's trainer, ready to train: the tokenizer, the model and the data the options
     name (what `pretrain` trains; the tests read each option's effect off it)."""
-    check_trackers_installed(training_args.report_to)  # before the data is tokenized
+    check_output_folder(training_args.output_dir, "--output-dir")  # before the data is tokenized
+    check_trackers_installed(training_args.report_to)
     family = model_args.model
     folder = None
     if data_args.data:  # refuses a folder of other examples
         folder = prepared.folder_for_run(family, data_args, objective_args)
-    tokenizer = folder.load_tokenizer(data_args.tokenizer) if folder else _tokenizer_of(data_args)
+    tokenizer = (
+        folder.load_tokenizer(data_args.tokenizer)
+        if folder
+        else _tokenizer_of(data_args, model_args.init_from)
+    )
     set_seed(training_args.seed)  # the model's initial weights
     model, preset = build_model(model_args, objective_args, tokenizer)
-    check_seq_len(model, data_args.seq_len)
+    check_seq_len(model, data_args.seq_len, model_args.init_from)
     check_vocab_matches(tokenizer, model.config.vocab_size, f"the {family} model")
     options = pretraining_options(model_args, data_args, objective_args)
     identity = run_config(options, preset, tokenizer, folder)
@@ -275,13 +281,19 @@ def build_model(
     return model, preset
 
 
-def check_seq_len(model: PreTrainedModel, seq_len: int) -> None:
-    """Refuse examples longer than the model's position table."""
+def check_seq_len(model: PreTrainedModel, seq_len: int, init_from: str | None) -> None:
+    """Refuse examples longer than the model's position table, naming the fixes that work (every
+    preset of bert has 512 positions: a longer table is a config override, for a fresh model)."""
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and seq_len > max_positions:
+        longer = (
+            f" (the model of --init-from {init_from} keeps its position table)"
+            if init_from
+            else f", or give the model more: --config-overrides max_position_embeddings={seq_len}"
+        )
         raise ConfigError(
             f"--seq-len {seq_len} is above the model's max_position_embeddings "
-            f"({max_positions}); use --seq-len {max_positions} or less, or a larger preset"
+            f"({max_positions}); use --seq-len {max_positions} or less{longer}"
         )
 
 
@@ -319,8 +331,8 @@ def _load_existing_model(
     expected = CONFIG_CLASSES[model_args.model].model_type
     if model_type != expected:
         raise CheckpointError(
-            f"--init-from {path} holds a {model_type!r} model, not {expected!r}; "
-            f"pass a {model_args.model} model or change --model"
+            f"--init-from {path} holds a {model_type!r} model, not {expected!r}; drop --model "
+            f"{model_args.model} (the folder says its family) or pass a {model_args.model} model"
         )
     return load_pretrained(model_class, path, allow_pickle=model_args.allow_pickle)
 
@@ -381,10 +393,11 @@ def first_examples(examples: Dataset | IterableDataset, count: int) -> Dataset |
     return Subset(examples, range(min(count, len(examples))))  # a prepared folder's examples
 
 
-def _tokenizer_of(data_args: DataArguments):
-    if data_args.tokenizer is None:
+def _tokenizer_of(data_args: DataArguments, init_from: str | None):
+    """--tokenizer's, else the one saved with the model of --init-from."""
+    if data_args.tokenizer is None and init_from is None:
         raise ConfigError("pass --tokenizer DIR, or --data DIR (a folder from `egbert prepare`)")
-    return load_tokenizer(data_args.tokenizer)
+    return load_tokenizer(data_args.tokenizer or init_from)
 
 
 def run_config(

@@ -54,6 +54,7 @@ from egbert.errors import ConfigError, DataError, EgbertError
 
 DOC_BOUNDARIES = ("blank", "wikitext", "line", "file")
 DECODE_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
+ENCODING_ERRORS_HELP = "on undecodable bytes: strict (stop and say where) | replace | ignore"
 TEXT_FEATURES = Features({"text": Value("string")})
 # Streamed text files are cut into ranges of this many bytes: a 1 GB file gives 64 shards, enough
 # for a node of 8 processes x 8 loader workers; WikiText-2's 11 MB stay one shard.
@@ -248,8 +249,8 @@ def decode_line(raw: bytes, path: str | Path, offset: int, encoding: str, errors
     except UnicodeDecodeError as error:
         raise DataError(
             f"{path}: byte 0x{raw[error.start]:02x} at offset {offset + error.start} is "
-            f"not valid {encoding}; pass the file's encoding (e.g. encoding='latin-1', "
-            "--encoding latin-1) or errors='replace'"
+            f"not valid {encoding}; pass the file's encoding (--encoding latin-1, for "
+            "example) or replace such bytes (--encoding-errors replace)"
         ) from None
 
 

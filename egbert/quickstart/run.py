@@ -20,6 +20,7 @@ from egbert.evaluation import probe, prompting
 from egbert.finetune.tasks import get_task, split_file
 from egbert.hub import check_hub_reachable
 from egbert.models.families import MODEL_FAMILIES
+from egbert.outputs import check_output_folder
 from egbert.pretrain import run as pretrain_run
 from egbert.quickstart import planner
 from egbert.quickstart.budget import Budget, EvaluationRun, Plan, load_plan, planned_size
@@ -77,7 +78,7 @@ def run_quickstart(**options: Any) -> dict[str, Any]:
 
 def quickstart(args: QuickstartArguments) -> dict[str, Any]:
     """Tokenizer -> the plan -> pretraining -> probe and prompts -> fine-tuning -> results."""
-    output_dir = Path(args.output_dir)
+    output_dir = check_output_folder(args.output_dir, "--output-dir")
     # Data: local files, or the hub's written out as local files
     if args.from_hub:
         check_hub_reachable(instead="drop --from-hub and point --data at local WikiText-2 files")

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -31,7 +32,7 @@ from accelerate.utils import (
 )
 
 from egbert.config import TrainingArguments
-from egbert.errors import ConfigError
+from egbert.errors import ConfigError, first_line
 from egbert.training.optimization import accumulation_text
 
 # glibc's mallopt() parameters (malloc.h)
@@ -245,6 +246,20 @@ def step_unless_overflowed(optimizer: torch.optim.Optimizer, accelerator: Accele
     scale = loss_scale(accelerator)
     optimizer.step()
     return scale is None or loss_scale(accelerator) >= scale
+
+
+def start_trackers(accelerator: Accelerator, report_to: list[str], config: dict[str, Any]) -> None:
+    """Start the run's trackers (--report-to) with its options as hyperparameters; one that
+    cannot start (its folder, its server, its login) is a one-line ConfigError."""
+    try:
+        accelerator.init_trackers("egbert", config=config)
+    except Exception as error:  # each tracker's library fails in its own way
+        # end_training would close them, the one that failed half-made included
+        accelerator.trackers.clear()
+        raise ConfigError(
+            f"--report-to {' '.join(report_to)}: a tracker could not start "
+            f"({first_line(error)}); fix that or pass --report-to none"
+        ) from None
 
 
 def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:

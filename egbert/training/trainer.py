@@ -87,6 +87,7 @@ from egbert.training.runtime import (
     make_accelerator,
     setup_lines,
     step_unless_overflowed,
+    start_trackers,
     stop_on_signals,
 )
 from egbert.training.step_numbers import (
@@ -635,7 +636,9 @@ class Trainer:
         """Start anew, seeded, or go on from the checkpoint --resume finds, as it left off."""
         args = self.args
         checkpoint = self.checkpoints.start(args, self.log.message)  # refuses to overwrite one
-        self.accelerator.init_trackers("egbert", config=report.tracker_config(self.run_config))
+        start_trackers(
+            self.accelerator, self.args.report_to, report.tracker_config(self.run_config)
+        )
         if checkpoint is None:
             set_seed(args.seed)
         else:
