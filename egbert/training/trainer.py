@@ -86,8 +86,8 @@ from egbert.training.runtime import (
     loss_scale,
     make_accelerator,
     setup_lines,
-    step_unless_overflowed,
     start_trackers,
+    step_unless_overflowed,
     stop_on_signals,
 )
 from egbert.training.step_numbers import (
