@@ -172,16 +172,7 @@ def train_tokenizer(
     Every tokenizer has `[PAD] [UNK] [CLS] [SEP] [MASK]` and `<|endoftext|>` (the document
     separator for causal LM packing), and encodes pairs as `[CLS] A [SEP] B [SEP]`.
     """
-    if kind not in KINDS:
-        raise ConfigError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}")
-    if min_frequency < 0:
-        raise ConfigError(f"--min-frequency must be >= 0, got {min_frequency}")
-    minimum = len(SPECIAL_TOKENS) + (256 if kind == "bpe" else 1)
-    if vocab_size < minimum:
-        raise ConfigError(
-            f"--vocab-size {vocab_size} is too small for a {kind} tokenizer: it needs at least "
-            f"{minimum} entries (the special tokens{', plus 256 bytes' if kind == 'bpe' else ''})"
-        )
+    _check_training_options(kind, vocab_size, min_frequency)
     if not files and dataset is None:
         raise DataError("no corpus given; pass files with --files, a data set with --dataset")
     if out_dir is not None:
@@ -218,6 +209,19 @@ def train_tokenizer(
     if out_dir is not None:
         save_tokenizer(wrapped, out_dir)
     return wrapped
+
+
+def _check_training_options(kind: str, vocab_size: int, min_frequency: int) -> None:
+    if kind not in KINDS:
+        raise ConfigError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if min_frequency < 0:
+        raise ConfigError(f"--min-frequency must be >= 0, got {min_frequency}")
+    minimum = len(SPECIAL_TOKENS) + (256 if kind == "bpe" else 1)
+    if vocab_size < minimum:
+        raise ConfigError(
+            f"--vocab-size {vocab_size} is too small for a {kind} tokenizer: it needs at least "
+            f"{minimum} entries (the special tokens{', plus 256 bytes' if kind == 'bpe' else ''})"
+        )
 
 
 def _count_texts(documents, source: object) -> int:

@@ -636,9 +636,7 @@ class Trainer:
         """Start anew, seeded, or go on from the checkpoint --resume finds, as it left off."""
         args = self.args
         checkpoint = self.checkpoints.start(args, self.log.message)  # refuses to overwrite one
-        start_trackers(
-            self.accelerator, self.args.report_to, report.tracker_config(self.run_config)
-        )
+        start_trackers(self.accelerator, args.report_to, report.tracker_config(self.run_config))
         if checkpoint is None:
             set_seed(args.seed)
         else:
