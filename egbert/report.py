@@ -31,12 +31,20 @@ class RunLog:
         self.accelerator = accelerator
         self.output_dir = output_dir
         self.writes = accelerator.is_main_process
+        self._early: list[str] = []
 
     def message(self, text: str) -> None:
         """Print a line (above the progress bar) and keep it in train.log."""
         if self.accelerator.is_local_main_process:
             tqdm.write(text)
         self._append(LOG_FILE, text)
+
+    def early_message(self, text: str) -> None:
+        """A line said before the run starts: printed now, kept in train.log from the run's
+        first line on (so that a run refused at its start writes nothing)."""
+        if self.accelerator.is_local_main_process:
+            tqdm.write(text)
+        self._early.append(text)
 
     def record(self, split: str, record: dict[str, Any]) -> None:
         """One line of metrics.jsonl, the same values to the trackers under `split/`."""
@@ -80,6 +88,9 @@ class RunLog:
         if not self.writes:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if name == LOG_FILE:
+            line = "\n".join([*self._early, line])
+            self._early.clear()
         with (self.output_dir / name).open("a", encoding="utf-8") as handle:
             handle.write(line + "\n")
 

@@ -258,7 +258,7 @@ def pretraining_trainer(
         flops_per_token=model_flops_per_token(model, family, objective_args),
     )
     for line in data.corpus_use.report("training") if data.corpus_use else []:
-        trainer.log.message(line)
+        trainer.log.early_message(line)
     return trainer
 
 
