@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from egbert.quickstart import budget as planning
 from egbert.quickstart import options, report, run
 from egbert.quickstart.budget import Budget, Plan
 from egbert.quickstart.planner import FinetuneChoice, RunPlan
+from egbert.quickstart.replay import replay_arguments
 from egbert.quickstart.report import Row
 from egbert.quickstart.steps import export_hub_corpus, finetune_options
 from egbert.training.runtime import bf16_pays_off
@@ -218,6 +220,15 @@ def test_a_replay_is_refused_in_one_line_where_it_cannot_replay(finished_run: Pa
             main([*argv, "--output-dir", str(full)])
         assert "\n" not in str(error.value)
     assert [path.name for path in full.iterdir()] == ["notes.txt"]
+    # a replay of the same run stopped before its end goes on in its folder, with that run's
+    # options
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    plan = json.loads((finished_run / "plan.json").read_text())
+    plan["options"] |= {"replay": str(finished_run), "output_dir": str(stopped)}
+    (stopped / "plan.json").write_text(json.dumps(plan))
+    args = options.QuickstartArguments(replay=str(finished_run), output_dir=str(stopped))
+    assert asdict(replay_arguments(args)) == plan["options"]
 
 
 def test_other_options_on_the_same_output_dir_are_refused(finished_run: Path, micro_data: Path):

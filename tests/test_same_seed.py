@@ -42,14 +42,16 @@ def commands(run: Path, inputs: dict[str, Path]) -> list[list[str]]:
          "--doc-boundary", "wikitext", "--seq-len", "32", "--batch-size", "8",
          "--max-steps", "3", "--seed", "3", "--report-to", "none",
          "--output-dir", str(run / "pretrain")],
+        # with dropout (bert pretrains without): its masks come from the seed too
         ["finetune", "--model", str(run / "pretrain" / "model"), *glue, "--max-steps", "2",
          "--batch-size", "8", "--max-seq-length", "64", "--report-to", "none",
-         "--output-dir", str(run / "finetune")],
+         "--config-overrides", "hidden_dropout_prob=0.1", "--output-dir", str(run / "finetune")],
         # a draw of 16 of RTE's 24 training rows: the seed picks them
         ["probe", "--model", str(run / "pretrain" / "model"), *glue,
          "--max-train-samples", "16", "--output-dir", str(run / "probe")],
-        ["prompt-eval", "--model", str(inputs["gpt"]), *glue, "--shots", "0", "2",
-         "--max-eval-samples", "8", "--output-dir", str(run / "prompt-eval")],
+        # every dev example, two draws of demonstrations: the seed picks them
+        ["prompt-eval", "--model", str(inputs["gpt"]), *glue, "--shots", "2", "4",
+         "--output-dir", str(run / "prompt-eval")],
         ["embed", "--model", str(run / "pretrain" / "model"), "--input", str(inputs["texts"]),
          "--layers", "-1,-2", "--combine", "concat", "--output", str(run / "embeddings.npy")],
     ]  # fmt: skip
