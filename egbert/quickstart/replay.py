@@ -53,6 +53,7 @@ def replay_arguments(args: QuickstartArguments) -> QuickstartArguments:
     check_output_dir(Path(args.output_dir), args.replay)
     options = {**load_plan(source / PLAN_FILE).options}
     options |= {"output_dir": args.output_dir, "replay": args.replay}
+    print(f"replaying {source}: its plan, steps and runs; the clock decides nothing", flush=True)
     return replace(args, **{name: options.get(name, getattr(args, name)) for name in asdict(args)})
 
 

@@ -78,9 +78,7 @@ def run_quickstart(**options: Any) -> dict[str, Any]:
 def quickstart(args: QuickstartArguments) -> dict[str, Any]:
     """Tokenizer -> the plan -> pretraining -> probe and prompts -> fine-tuning -> results
     (with --replay, the finished run's plan and clocks: egbert.quickstart.replay)."""
-    if args.replay:
-        args = replay_arguments(args)
-        print(f"replaying {args.replay}: its plan, steps and runs; the clock decides nothing")
+    args = replay_arguments(args) if args.replay else args
     output_dir = Path(args.output_dir)
     # Data: local files, or the hub's written out as local files
     if args.from_hub:
