@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from option_coverage import proves
 from safetensors.torch import load_file
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score
 from transformers import AutoModelForSequenceClassification, BertConfig, BertModel
 
 from egbert.commands.finetune import main
@@ -135,6 +138,16 @@ def test_all_tasks_regression_and_table(
     rte_config = json.loads((out / "rte" / "model" / "config.json").read_text())
     assert "regression_target_mean" not in rte_config
     assert all(float(score) == float(score) for _, score in rows[1:])  # numbers, not NaN
+    # each dev example's prediction, written by the kept model: they give its score again
+    rte = summary["tasks"]["rte"]["dev_predictions"]["validation"]
+    dev = read_glue_split(GLUE_TASKS["rte"], "validation", glue_slice)
+    assert rte["references"] == list(dev["label"])
+    accuracy = accuracy_score(rte["references"], rte["predictions"])
+    assert accuracy == summary["tasks"]["rte"]["score"]
+    stsb = summary["tasks"]["stsb"]["dev_predictions"]["validation"]
+    correlations = [pearsonr(stsb["predictions"], stsb["references"])[0],
+                    spearmanr(stsb["predictions"], stsb["references"])[0]]  # fmt: skip
+    assert np.mean(correlations) == pytest.approx(summary["tasks"]["stsb"]["score"], abs=1e-6)
     assert (out / "predictions" / "RTE.tsv").is_file()
 
 

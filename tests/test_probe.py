@@ -17,6 +17,7 @@ from model_calls import assert_bf16_and_device_are_the_options, model_calls
 from option_coverage import proves
 from scipy.stats import pearsonr, spearmanr
 from sklearn.linear_model import RidgeCV
+from sklearn.metrics import accuracy_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from transformers import AutoModel, AutoTokenizer
@@ -26,7 +27,7 @@ from egbert.embedding import load_model
 from egbert.evaluation import run_probe
 from egbert.evaluation.probe import fit_probe, sentence_vectors, task_vectors
 from egbert.finetune.metrics import compute_task_metrics
-from egbert.finetune.tasks import get_task
+from egbert.finetune.tasks import GLUE_TASKS, get_task, read_glue_split
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
@@ -100,6 +101,16 @@ def test_scores_of_a_classification_task_and_stsb_are_in_range(family, family_di
     assert 0 <= rte["metrics"]["validation"]["accuracy"] <= 1
     assert rte["score"] == rte["metrics"]["validation"]["accuracy"]
     assert rte["majority_score"] == 10 / 16  # a 12/12 tie in train goes to label 0: 10 in dev
+    assert rte["majority_label"] == 0
+    dev = read_glue_split(GLUE_TASKS["rte"], "validation", micro_data / "glue")
+    written = rte["dev_predictions"]["validation"]
+    assert written["references"] == list(dev["label"])
+    accuracy = accuracy_score(written["references"], written["predictions"])
+    assert accuracy == rte["score"]
+    written = stsb["dev_predictions"]["validation"]
+    correlations = [pearsonr(written["predictions"], written["references"])[0],
+                    spearmanr(written["predictions"], written["references"])[0]]  # fmt: skip
+    assert np.mean(correlations) == pytest.approx(stsb["score"], abs=1e-12)
     for name in ("pearson", "spearmanr"):
         assert -1 <= stsb["metrics"]["validation"][name] <= 1
     assert math.isfinite(stsb["score"]) and stsb["majority_score"] is None

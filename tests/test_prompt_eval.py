@@ -176,6 +176,11 @@ def test_all_five_tasks_with_0_and_k_shots(gpt_dir, glue_dir, tmp_path, capsys):
         assert task["shots"]["0"]["mean_demonstrations"] == 0
         assert task["shots"]["2"]["mean_demonstrations"] == 2
         for entry in task["shots"].values():
+            written = entry["dev_predictions"]["validation"]
+            assert len(written["references"]) == len(written["predictions"]) == 10
+            if name != "cola":
+                accuracy = accuracy_score(written["references"], written["predictions"])
+                assert entry["metrics"]["validation"]["accuracy"] == accuracy
             for scores in (entry, entry["calibrated"]):
                 metrics = scores["metrics"]["validation"]
                 assert set(metrics) == metric_names.get(name, {"accuracy"})

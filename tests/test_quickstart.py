@@ -129,6 +129,29 @@ def test_every_table_has_a_number_for_every_model_and_task(finished_run: Path):
     assert set(report["margins_over_twin"]) == {
         "fine-tuning, bert", "probe, bert", "probe, gpt", "probe, elmo"
     }  # fmt: skip
+    # every margin with its interval, its point the difference of the tables' averages (the
+    # intervals are scored from the dev predictions the runs wrote, the tables from their scores)
+    twin = report["intervals"]["twin"]
+    assert set(twin) == set(report["margins_over_twin"]) | {
+        f"prompting, gpt, {k}-shot" for k in options.PROMPT_SHOTS
+    }
+    for name, margin in report["margins_over_twin"].items():
+        average = twin[name]["average"]
+        assert average["points"] == pytest.approx(margin, abs=0.01)
+        assert average["low"] <= average["points"] <= average["high"]
+        assert average["real"] == (average["low"] > 0 or average["high"] < 0)
+        assert list(twin[name]) == [*TASKS, "average"]
+    assert len(report["summary"]) == len(twin)
+    assert all(
+        " beats its twin on " in line and "within noise" in line for line in report["summary"]
+    )
+    majority = report["intervals"]["majority_class"]
+    assert set(majority) == set(PROBED[:-1]) | set(report["prompting"])
+    for label, scores in report["probe"].items():  # stsb has no majority class
+        assert majority[label]["rte"]["points"] == pytest.approx(
+            100 * (scores["rte"] - report["probe_majority"]["rte"]), abs=0.01
+        )
+    assert "## pretrained against its twin" in markdown and "vs majority class" in markdown
 
 
 @proves("quickstart", "--budget-minutes", "--vocab-size", "--seed", "--heads", "--preset")

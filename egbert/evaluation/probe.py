@@ -58,6 +58,7 @@ from egbert.embedding import embed, load_model
 from egbert.errors import ConfigError, DataError
 from egbert.evaluation import results
 from egbert.finetune.metrics import format_metrics, glue_average, task_score
+from egbert.finetune.significance import dev_predictions
 from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import (
     GLUE_TASKS,
@@ -235,22 +236,28 @@ def probe_task(
     labels = np.asarray(train["label"])
     vectors = task_vectors(task, train, model, tokenizer, features, pool, batch_size)
     probe, regularization = fit_probe(task, vectors, labels, seed)
-    metrics, dev_labels = {}, []
+    metrics, dev_labels, predicted = {}, [], {}
     for split in present_eval_splits(task, data_dir):
         dev = read_glue_split(task, split, data_dir)
         dev_vectors = task_vectors(task, dev, model, tokenizer, features, pool, batch_size)
-        metrics[split] = results.scored(task, probe.predict(dev_vectors), dev["label"])
+        predictions = probe.predict(dev_vectors)
+        metrics[split] = results.scored(task, predictions, dev["label"])
+        predicted |= dev_predictions(split, dev["label"], predictions)
         dev_labels += list(dev["label"])
-    majority = None if task.is_regression else results.majority_score(task, labels, dev_labels)
+    majority = None if task.is_regression else results.majority_label(labels)
     return {
         "metrics": metrics,
         "score": task_score(metrics),
-        "majority_score": majority,
+        "majority_score": (
+            None if majority is None else results.majority_score(task, majority, dev_labels)
+        ),
+        "majority_label": majority,
         "n_train": len(train),
         "n_dev": len(dev_labels),
         "feature_size": int(vectors.shape[1]),
         "regularization": regularization,
         "seconds": round(time.perf_counter() - start, 2),
+        "dev_predictions": predicted,
     }
 
 

@@ -51,6 +51,7 @@ from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.evaluation import results
 from egbert.finetune.metrics import format_metrics, task_score
+from egbert.finetune.significance import dev_predictions
 from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import Task, read_glue_split, resolve_tasks, split_file
 from egbert.model_files import load_pretrained, read_model_config
@@ -337,10 +338,12 @@ def prompt_task(
     examples = _rows(dev, task.text_columns)
     prompts = encode_prompts(tokenizer, prompt, task.text_columns, examples, demonstrations)
     references = list(dev["label"])
+    majority = results.majority_label(list(pool["label"]))
     result: dict[str, Any] = {
         "n_eval": len(references),
         "demonstrations_from": pool_split,
-        "majority_score": results.majority_score(task, list(pool["label"]), references),
+        "majority_score": results.majority_score(task, majority, references),
+        "majority_label": majority,
         "template": prompt.template,
         "verbalisers": list(prompt.verbalisers),
         "shots": {},
@@ -353,11 +356,13 @@ def prompt_task(
     for k in shots:
         start = time.perf_counter()
         run = shot_scores(model, prompts, draws[k], calibrate, batch_size)
-        metrics = {eval_split: results.scored(task, run["scores"].argmax(axis=1), references)}
+        predictions = run["scores"].argmax(axis=1)
+        metrics = {eval_split: results.scored(task, predictions, references)}
         entry = {
             "metrics": metrics,
             "score": task_score(metrics),
             "mean_demonstrations": float(np.mean(run["kept"])),
+            "dev_predictions": dev_predictions(eval_split, references, predictions),
         }
         if calibrate:
             predictions = run["calibrated"].argmax(axis=1)

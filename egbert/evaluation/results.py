@@ -51,13 +51,16 @@ def scored(task: Task, predictions: Sequence, references: Sequence) -> dict[str,
     return compute_task_metrics(task, list(predictions), list(references))
 
 
-def majority_score(task: Task, train_labels: Sequence[int], dev_labels: Sequence[int]) -> float:
-    """The score of always answering the most frequent training label: the floor a probe or a
-    prompt has to beat to show it learned anything (MRPC's is far above 50). A tie goes to the
-    smallest label id."""
+def majority_label(train_labels: Sequence[int]) -> int:
+    """The most frequent training label (a tie goes to the smallest label id)."""
     counts = Counter(train_labels)
-    majority = max(sorted(counts), key=counts.__getitem__)
-    return task_score({"dev": scored(task, [majority] * len(dev_labels), dev_labels)})
+    return int(max(sorted(counts), key=counts.__getitem__))
+
+
+def majority_score(task: Task, label: int, dev_labels: Sequence[int]) -> float:
+    """The score of always answering `label`, the majority class: the floor a probe or a prompt
+    has to beat to show it learned anything (MRPC's is far above 50)."""
+    return task_score({"dev": scored(task, [label] * len(dev_labels), dev_labels)})
 
 
 def add_model_and_task_arguments(parser: ArgumentParser, task_help: str) -> None:

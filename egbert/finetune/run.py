@@ -54,6 +54,7 @@ from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
 from egbert.config import FinetuneArguments, TrainingArguments, apply_config_overrides, load_recipe
 from egbert.errors import CheckpointError, ConfigError, DataError, first_line
 from egbert.finetune.metrics import compute_task_metrics, format_metrics, glue_average, task_score
+from egbert.finetune.significance import dev_predictions
 from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import (
     GLUE_TASKS,
@@ -489,6 +490,7 @@ def run_task(
         return None
     # every epoch's evaluation, a resumed run's earlier ones included
     history = [record for record in outcome.history if record["split"] == "eval"]
+    dev = predict_dev_sets(task, built)
     predictions = {}
     if args.predict:  # the trainer holds the best epoch's model
         predictions = predict_test_sets(
@@ -516,10 +518,23 @@ def run_task(
         ],
         "predictions": predictions,
         "options": {**head_options(args), **training_options(args, training)},
+        "dev_predictions": dev,
     }
     if trainer.accelerator.is_main_process:
         (output_dir / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+def predict_dev_sets(task: Task, built: TaskTrainer) -> dict[str, dict[str, list]]:
+    """The kept model's prediction for every dev example, with its label (see
+    egbert.evaluation.significance: what two runs are compared on)."""
+    found = {}
+    for split in built.dev_names:
+        dataset = built.splits[split]
+        encoded = tokenize(dataset, task, built.tokenizer, built.max_length, split)
+        logits = built.trainer.predict(encoded).predictions
+        found |= dev_predictions(split, dataset["label"], predictions_of(task, logits))
+    return found
 
 
 def predict_test_sets(

@@ -10,7 +10,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from egbert.finetune import significance
 from egbert.finetune.metrics import glue_average
+from egbert.finetune.significance import Difference
 from egbert.models.families import MODEL_FAMILIES
 from egbert.quickstart.options import NOT_AVERAGED, PROMPT_SHOTS
 from egbert.quickstart.steps import PretrainingSummary
@@ -47,6 +49,15 @@ class Evaluation:
 
     results: dict[str, Any]
     size: int
+
+
+@dataclass(frozen=True)
+class FinetuneRun:
+    """One fine-tuning run of a model on a task with a seed: its dev score and every dev
+    example's prediction (empty for a run written before egbert kept them)."""
+
+    score: float
+    dev_predictions: dict[str, Any]
 
 
 def averaged_tasks(tasks: Sequence[str]) -> list[str]:
@@ -109,28 +120,54 @@ def sizes_note(evaluations: Mapping[Row, Evaluation], what: str) -> str:
     return f"{what} per task (at most): {sizes}."
 
 
-def plot_results(path: Path, scores: Mapping[str, Mapping[str, float]], tasks: Sequence[str]):
-    """Grouped bars of the fine-tuning scores: one group per task (and the average)."""
+def plot_results(
+    path: Path,
+    scores: Mapping[str, Mapping[str, float]],
+    tasks: Sequence[str],
+    comparisons: Mapping[str, Mapping[str, Difference]],
+):
+    """Grouped bars of the fine-tuning scores (one group per task, and the average) and, below,
+    each pretrained model's margin over its twin with its 95% interval."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers
     import matplotlib.pyplot as plt
 
     groups = [*tasks, "average"]
-    width = 0.8 / max(len(scores), 1)
-    figure, axes = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4))
-    for index, (label, by_task) in enumerate(scores.items()):
-        values = [100 * by_task[t] for t in tasks]
-        values.append(100 * (task_average(by_task) or 0.0))
-        positions = [g + (index - (len(scores) - 1) / 2) * width for g in range(len(groups))]
-        axes.bar(positions, values, width, label=label)
-    axes.set_xticks(range(len(groups)), groups)
-    axes.axhline(0, color="black", linewidth=0.5)
+    figure, (axes, margins) = plt.subplots(2, 1, figsize=(max(6, 1.4 * len(groups)), 7.5))
+    _bars(axes, {label: [*(by_task[t] for t in tasks), task_average(by_task) or 0.0]
+                 for label, by_task in scores.items()}, groups)  # fmt: skip
     axes.set_ylabel("dev score (GLUE metric x 100)")
-    axes.legend(fontsize="small")
+    axes.set_title("fine-tuning", fontsize="medium")
+    errors = {}
+    for name, differences in comparisons.items():
+        shown = [differences.get(t) for t in groups]
+        errors[name] = shown
+    _bars(margins, {name: [d.points / 100 if d else 0.0 for d in shown]
+                    for name, shown in errors.items()}, groups, errors)  # fmt: skip
+    margins.set_ylabel("pretrained - twin (points, 95% interval)")
+    margins.set_title("what pretraining bought", fontsize="medium")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def _bars(axes, values: Mapping[str, Sequence[float]], groups: Sequence[str], errors=None):
+    """One bar per label in each group (values are fractions, drawn x 100), with the
+    `errors`' intervals as error bars where given."""
+    width = 0.8 / max(len(values), 1)
+    for index, (label, row) in enumerate(values.items()):
+        positions = [g + (index - (len(values) - 1) / 2) * width for g in range(len(groups))]
+        heights = [100 * value for value in row]
+        spans = None
+        if errors is not None:
+            shown = errors[label]
+            spans = [[d.points - d.low if d else 0 for d in shown],
+                     [d.high - d.points if d else 0 for d in shown]]  # fmt: skip
+        axes.bar(positions, heights, width, label=label, yerr=spans, capsize=3)
+    axes.set_xticks(range(len(groups)), groups)
+    axes.axhline(0, color="black", linewidth=0.5)
+    axes.legend(fontsize="small")
 
 
 def seed_averages(runs: Mapping[str, Mapping[int, float]], tasks: Sequence[str]) -> list[float]:
@@ -154,38 +191,136 @@ def margins_over_twins(
     }
 
 
+def finetune_predictions(runs: Mapping[str, Mapping[int, FinetuneRun]]) -> dict[str, Any]:
+    """{task: its seeds' dev predictions pooled} of a fine-tuned row (tasks some of whose
+    runs kept none are left out)."""
+    return {
+        task: significance.pooled(
+            [significance.one_seed(run.dev_predictions) for run in seeds.values()]
+        )
+        for task, seeds in runs.items()
+        if all(run.dev_predictions for run in seeds.values())
+    }
+
+
+def evaluation_predictions(evaluation: Evaluation, shots: int | None = None) -> dict[str, Any]:
+    """{task: dev predictions} of a probe run, or of a prompt run's `shots` setting."""
+    found = {}
+    for task, result in evaluation.results["tasks"].items():
+        entry = result if shots is None else result["shots"][str(shots)]
+        if "dev_predictions" in entry:
+            found[task] = significance.one_seed(entry["dev_predictions"])
+    return found
+
+
+def majority_predictions(evaluation: Evaluation, predictions: Mapping[str, Any]) -> dict:
+    """The majority class answering the same dev examples (classification tasks only)."""
+    labels = {task: r.get("majority_label") for task, r in evaluation.results["tasks"].items()}
+    return {
+        task: significance.constant_predictions(found, labels[task])
+        for task, found in predictions.items()
+        if labels.get(task) is not None
+    }
+
+
+def twin_comparisons(
+    finetune: Mapping[Row, Mapping[str, Mapping[int, FinetuneRun]]],
+    probes: Mapping[Row, Evaluation],
+    prompts: Mapping[Row, Evaluation],
+    tasks: Sequence[str],
+) -> dict[str, dict[str, Difference]]:
+    """Each pretrained model against its twin, per task and on average, with intervals: bert's
+    fine-tuned rows (every head; seeds pooled), every family's probe, gpt's prompts."""
+    averaged = averaged_tasks(tasks)
+    pairs = {
+        f"fine-tuning, {row.label}": (finetune_predictions(finetune[row]),
+                                      finetune_predictions(finetune[row.twin()]))
+        for row in finetune
+        if row.pretrained and row.twin() in finetune
+    }  # fmt: skip
+    pairs |= {
+        f"probe, {row.label}": (
+            evaluation_predictions(run),
+            evaluation_predictions(probes[row.twin()]),
+        )
+        for row, run in probes.items()
+        if row.pretrained
+    }
+    pairs |= {
+        f"prompting, {replace(row, shots=k).label}": (
+            evaluation_predictions(run, k),
+            evaluation_predictions(prompts[row.twin()], k),
+        )
+        for row, run in prompts.items()
+        if row.pretrained
+        for k in PROMPT_SHOTS
+    }
+    return {name: significance.compare(a, b, averaged) for name, (a, b) in pairs.items() if a and b}
+
+
+def majority_comparisons(
+    probes: Mapping[Row, Evaluation], prompts: Mapping[Row, Evaluation], tasks: Sequence[str]
+) -> dict[str, dict[str, Difference]]:
+    """Every probe and prompt row against the majority class, per task."""
+    runs = [(row, run, None) for row, run in probes.items()]
+    runs += [(replace(row, shots=k), run, k) for row, run in prompts.items() for k in PROMPT_SHOTS]
+    found = {}
+    for row, run, shots in runs:
+        predictions = evaluation_predictions(run, shots)
+        majority = majority_predictions(run, predictions)
+        if majority:
+            found[row.label] = significance.compare(predictions, majority)
+    return found
+
+
+def majority_column(against: Mapping[str, Mapping[str, Difference]]) -> dict[str, str]:
+    """A probe or prompt table's "vs majority class" column: on how many tasks each row beats
+    the majority class by more than the noise ("none: as the majority class" when on none)."""
+    column = {}
+    for label, differences in against.items():
+        wins = sum(d.real and d.points > 0 for d in differences.values())
+        column[label] = f"{wins} of {len(differences)}" if wins else "none: as the majority class"
+    return column
+
+
 def write_report(
     output_dir: Path,
     tasks: list[str],
     prompt_tasks: list[str],
     pretraining: Mapping[str, PretrainingSummary],
-    finetune: Mapping[Row, Mapping[str, Mapping[int, float]]],
+    finetune: Mapping[Row, Mapping[str, Mapping[int, FinetuneRun]]],
     probes: Mapping[Row, Evaluation],
     prompts: Mapping[Row, Evaluation],
     extra: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """Every table to results.md/.json (and the fine-tuning scores to results.png), printed;
-    `extra` (the plan, the minutes) goes into results.json as it is. Prompts that were skipped
-    (the probe had spent the evaluation's share of the budget) get a line instead of a table."""
-    finetuned = {
-        row: {task: statistics.mean(by_seed.values()) for task, by_seed in runs.items()}
-        for row, runs in finetune.items()
-    }
-    per_seed = seed_column(finetune, tasks)
+    """Every table to results.md/.json (and the fine-tuning scores and margins to results.png),
+    printed; `extra` (the plan, the minutes) goes into results.json as it is. Prompts that were
+    skipped (the probe had spent the evaluation's share of the budget) get a line instead of a
+    table. Every margin over a twin, and every probe and prompt row against the majority class,
+    comes with its paired bootstrap interval (egbert.finetune.significance)."""
+    scores = {row: seed_scores(runs) for row, runs in finetune.items()}
+    finetuned = {row: seed_means(runs) for row, runs in scores.items()}
+    per_seed = seed_column(scores, tasks)
     probed, majority = probe_scores(probes, tasks)
     prompted = prompt_scores(prompts, prompt_tasks)
-    by_label = {row.label: scores for row, scores in finetuned.items()}
+    against_twin = twin_comparisons(finetune, probes, prompts, tasks)
+    against_majority = majority_comparisons(probes, prompts, tasks)
+    by_label = labelled(finetuned)
+    beats_majority = {"vs majority class": majority_column(against_majority)}
     tables = {
         "pretraining": pretraining_table(pretraining),
         "fine-tuning": score_table(by_label, tasks, {"seeds": per_seed} if per_seed else None),
-        "probe": score_table({**labelled(probed), "majority class": majority}, tasks),
+        "probe": score_table(
+            {**labelled(probed), "majority class": majority}, tasks, beats_majority
+        ),
     }
     notes = {"probe": sizes_note(probes, "Training examples")}
     if prompts:
-        tables["k-shot prompting"] = score_table(labelled(prompted), prompt_tasks)
+        tables["k-shot prompting"] = score_table(labelled(prompted), prompt_tasks, beats_majority)
         notes["k-shot prompting"] = sizes_note(prompts, "Dev examples")
     else:
         tables["k-shot prompting"] = "skipped: the probe had spent the evaluation's share."
+    comparison_tables(tables, notes, against_twin, against_majority, tasks)
     margins = margins_over_twins(finetuned, probed)
     report = {
         **extra,
@@ -193,7 +328,7 @@ def write_report(
         "not_averaged": [t for t in tasks if t in NOT_AVERAGED],
         "pretraining": {family: asdict(summary) for family, summary in pretraining.items()},
         "scores": by_label,
-        "finetune_by_seed": labelled(finetune),
+        "finetune_by_seed": labelled(scores),
         "probe": labelled(probed),
         "probe_majority": majority,
         "prompting": labelled(prompted),
@@ -202,19 +337,88 @@ def write_report(
             "prompting": {row.label: run.size for row, run in prompts.items()},
         },
         "margins_over_twin": margins,
+        "intervals": intervals(against_twin, against_majority),
+        "summary": [
+            significance.summary_line(name, "its twin", differences)
+            for name, differences in against_twin.items()
+        ],
         "tables": tables,
     }
+    write_files(output_dir, report, notes, against_twin)
+    return report
+
+
+def write_files(
+    output_dir: Path,
+    report: Mapping[str, Any],
+    notes: Mapping[str, str],
+    against_twin: Mapping[str, Mapping[str, Difference]],
+) -> None:
+    """results.md (printed too, with the summary lines), results.json and results.png."""
     markdown = "\n\n".join(
         f"## {name}\n\n{table}" + (f"\n\n{notes[name]}" if name in notes else "")
-        for name, table in tables.items()
+        for name, table in report["tables"].items()
     )
     (output_dir / "results.md").write_text(markdown + "\n", encoding="utf-8")
     (output_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot_results(output_dir / "results.png", by_label, tasks)
+    plot_results(output_dir / "results.png", report["scores"], report["tasks"], against_twin)
     print(markdown)
-    gains = ", ".join(f"{name} {value:+.1f}" for name, value in margins.items())
-    print(f"\npretrained against untrained twin (average points): {gains}", flush=True)
-    return report
+    print("\n" + "\n".join(report["summary"]), flush=True)
+
+
+def seed_scores(runs: Mapping[str, Mapping[int, FinetuneRun]]) -> dict[str, dict[int, float]]:
+    """A fine-tuned row's {task: {seed: score}}."""
+    return {
+        task: {seed: run.score for seed, run in by_seed.items()} for task, by_seed in runs.items()
+    }
+
+
+def seed_means(runs: Mapping[str, Mapping[int, float]]) -> dict[str, float]:
+    return {task: statistics.mean(by_seed.values()) for task, by_seed in runs.items()}
+
+
+def comparison_tables(
+    tables: dict[str, str],
+    notes: dict[str, str],
+    against_twin: Mapping[str, Mapping[str, Difference]],
+    against_majority: Mapping[str, Mapping[str, Difference]],
+    tasks: Sequence[str],
+) -> None:
+    """Add the tables of the margins over the twins and over the majority class."""
+    twin = "pretrained against its twin"
+    tables[twin] = significance.comparison_table(against_twin, tasks, "the twin")
+    notes[twin] = NOISE_NOTE
+    tables["against the majority class"] = significance.comparison_table(
+        against_majority, tasks, "the majority class"
+    )
+
+
+def intervals(
+    against_twin: Mapping[str, Mapping[str, Difference]],
+    against_majority: Mapping[str, Mapping[str, Difference]],
+) -> dict[str, Any]:
+    """results.json's intervals: each comparison's per-task and average differences."""
+    return {
+        "twin": as_dicts(against_twin),
+        "majority_class": as_dicts(against_majority),
+        "samples": significance.SAMPLES,
+        "confidence": significance.CONFIDENCE,
+    }
+
+
+NOISE_NOTE = (
+    "Points of the GLUE metric, pretrained minus twin, with the 95% interval of a paired "
+    f"bootstrap over the dev examples ({significance.SAMPLES} draws; fine-tuning seeds pooled). "
+    "A difference is real where its interval excludes 0. The interval holds the dev sets' "
+    "noise, not training's: docs/results.md compares two whole runs for that."
+)
+
+
+def as_dicts(comparisons: Mapping[str, Mapping[str, Difference]]) -> dict[str, Any]:
+    return {
+        name: {task: difference.as_dict() for task, difference in differences.items()}
+        for name, differences in comparisons.items()
+    }
 
 
 def seed_column(

@@ -42,7 +42,7 @@ from egbert.quickstart.options import (
 )
 from egbert.quickstart.planner import FinetuneWork, Measurement, RunPlan
 from egbert.quickstart.replay import ran, replay_arguments, replayed_clock, replayed_plan
-from egbert.quickstart.report import Evaluation, Row, averaged_tasks, write_report
+from egbert.quickstart.report import Evaluation, FinetuneRun, Row, averaged_tasks, write_report
 from egbert.quickstart.steps import (
     RunStopped,
     corpus_files,
@@ -436,8 +436,8 @@ def finetune_models(
     args: QuickstartArguments,
     budget: Budget,
     plan: RunPlan,
-) -> dict[Row, dict[str, dict[int, float]]]:
-    """{row: {task: {seed: score}}}, each run at most the plan's steps. First every
+) -> dict[Row, dict[str, dict[int, FinetuneRun]]]:
+    """{row: {task: {seed: its run}}}, each run at most the plan's steps. First every
     model with the first seed, task by task, each run of a task for the same minutes (its share
     of the time left); then, while the time left allows a task's runs again, bert and its twin
     with further seeds, task by task (not the tasks NOT_AVERAGED: no average holds them)."""
@@ -480,11 +480,11 @@ def run_finetune_pass(
     args: QuickstartArguments,
     budget: Budget,
     plan: RunPlan,
-) -> dict[Row, dict[str, dict[int, float]]]:
+) -> dict[Row, dict[str, dict[int, FinetuneRun]]]:
     """Fine-tune each (task, [(model, seed), ...]) of `passes` with every head, each run at most
     the plan's steps and at the lr for its model's width: the runs of a task get the same
     minutes, the time left shared out over the runs left."""
-    scores: dict[Row, dict[str, dict[int, float]]] = {}
+    scores: dict[Row, dict[str, dict[int, FinetuneRun]]] = {}
     total = sum(len(runs) for _, runs in passes) * len(args.heads)
     number = 0
     for task, runs in passes:
@@ -511,7 +511,8 @@ def run_finetune_pass(
                 budget.plan.run_seconds[key] = round(time.perf_counter() - start, 2)
                 budget.save()
             row = model if len(args.heads) == 1 else Row(model.family, model.pretrained, head)
-            scores.setdefault(row, {}).setdefault(task, {})[seed] = result["score"]
+            run = FinetuneRun(result["score"], result.get("dev_predictions", {}))
+            scores.setdefault(row, {}).setdefault(task, {})[seed] = run
     return scores
 
 
