@@ -271,6 +271,7 @@ def test_loss_falls_and_outputs_are_written(tmp_path):
         assert (tmp_path / name).is_file(), name
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoints",
+        "clock.json",  # each step's elapsed seconds, for --replay-clock
         "logs",
         "loss_curve.png",
         "metrics.jsonl",
