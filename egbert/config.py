@@ -138,6 +138,14 @@ class TrainingArguments:
             "budget and step / total steps)"
         },
     )
+    replay_clock: str | None = field(
+        default=None,
+        metadata={
+            "help": "a finished run's folder: take each step's training time from its clock.json "
+            "instead of the clock, so that with that run's options a --budget-minutes run gets "
+            "its schedule and ends at its step (egbert quickstart --replay uses it)"
+        },
+    )
     skip_nonfinite: int = field(
         default=0, metadata={"help": "skip up to N steps with a non-finite loss, then stop"}
     )

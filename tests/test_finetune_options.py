@@ -110,6 +110,7 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
         "metric_for_best_model": "loss", "greater_is_better": False, "num_workers": 1,
         "compile": True, "compile_mode": "max-autotune", "use_cpu": True,
         "ddp_find_unused_parameters": True, "resume_from_checkpoint": "o/checkpoints/step-3",
+        "replay_clock": "done",
     }  # fmt: skip
     argv = []
     for name, value in values.items():
@@ -492,15 +493,20 @@ def test_compile_compiles_the_model_in_the_mode_given(
 @proves(
     "finetune", "--eval-every", "--save-every", "--keep-checkpoints", "--log-every",
     "--skip-nonfinite", "--report-to", "--resume", "--resume-anyway",
-    "--metric-for-best-model", "--greater-is-better", "--max-grad-norm",
+    "--metric-for-best-model", "--greater-is-better", "--max-grad-norm", "--replay-clock",
 )  # fmt: skip
 def test_the_trainer_gets_the_intervals_and_rules_given(tiny_egbert_bert_dir, micro_data, tmp_path):
-    """What the trainer reads only as it trains (tests/test_trainer_options.py proves what it
-    does with each) is the trainer's as given: the command's values, not the recipe's."""
+    """What the trainer reads only as it trains (tests/test_trainer_options.py and
+    test_trainer.py prove what it does with each) is the trainer's as given: the command's
+    values, not the recipe's."""
+    done = tmp_path / "done"  # a finished run's clock
+    done.mkdir()
+    (done / "clock.json").write_text('{"elapsed_seconds": [0.5, 1.25]}', encoding="utf-8")
     given = {
         "eval_every": 2, "save_every": 3, "keep_checkpoints": 4, "log_every": 1,
         "skip_nonfinite": 2, "resume": True, "resume_anyway": True,
         "metric_for_best_model": "loss", "greater_is_better": False, "max_grad_norm": 0.25,
+        "replay_clock": str(done),
     }  # fmt: skip
     argv = []
     for name, value in given.items():
@@ -508,6 +514,7 @@ def test_the_trainer_gets_the_intervals_and_rules_given(tiny_egbert_bert_dir, mi
     trainer = build(*rte(tiny_egbert_bert_dir, micro_data, tmp_path / "out", *argv)).trainer
     assert {name: getattr(trainer.args, name) for name in given} == given
     assert trainer.checkpoints.keep == 4
+    assert trainer.replayed_clock == [0.5, 1.25]
     assert trainer.accelerator.log_with == []  # --report-to none: no tracker
     argv = rte(tiny_egbert_bert_dir, micro_data, tmp_path / "default")
     default = build(*argv[: argv.index("--report-to")]).trainer

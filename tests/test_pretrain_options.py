@@ -345,7 +345,7 @@ API_OPTIONS = [
         "skip_nonfinite": 1, "log_every": 2, "report_to": ["none"], "resume": True,
         "resume_anyway": True, "metric_for_best_model": "loss", "greater_is_better": True,
         "num_workers": 1, "compile": True, "compile_mode": "reduce-overhead", "use_cpu": True,
-        "ddp_find_unused_parameters": True,
+        "ddp_find_unused_parameters": True, "replay_clock": "done",
     },
     {
         "model": "gpt", "data": "prepared", "init_from": "m", "validation_split_percentage": 5.0,

@@ -10,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import fresh_accelerate
 from option_coverage import proves
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
@@ -25,6 +27,7 @@ from egbert.quickstart import budget as planning
 from egbert.quickstart import options, report, run
 from egbert.quickstart.budget import Budget, Plan
 from egbert.quickstart.planner import FinetuneChoice, RunPlan
+from egbert.quickstart.replay import replay_arguments
 from egbert.quickstart.report import Row
 from egbert.quickstart.steps import export_hub_corpus, finetune_options
 from egbert.training.runtime import bf16_pays_off
@@ -214,6 +217,55 @@ def test_a_rerun_reuses_every_finished_step(
     assert weights.stat().st_mtime_ns == stamp
     after = json.loads((finished_run / "results.json").read_text())
     assert after["tables"] == before["tables"]
+
+
+@pytest.mark.slow
+@proves("quickstart", "--replay")
+def test_a_replay_gives_the_scores_of_the_run_it_replays(finished_run: Path, tmp_path: Path):
+    """The finished run (stopped by SIGTERM while bert pretrained, then run again) replayed in
+    this process: the clock decides nothing, so every score is the run's own, bit for bit."""
+    replay = tmp_path / "replay"
+    fresh_accelerate()
+    main(["--replay", str(finished_run), "--output-dir", str(replay)])
+    original = json.loads((finished_run / "results.json").read_text())
+    again = json.loads((replay / "results.json").read_text())
+    for part in ("scores", "probe", "prompting", "evaluation_sizes", "margins_over_twin"):
+        assert again[part] == original[part], part
+    for family, summary in original["pretraining"].items():
+        for name in ("steps", "tokens", "eval"):
+            assert again["pretraining"][family][name] == summary[name], (family, name)
+    assert sorted(p.relative_to(replay) for p in replay.rglob("eval_results.json")) == sorted(
+        p.relative_to(finished_run) for p in finished_run.rglob("eval_results.json")
+    )  # the same fine-tuning runs, every seed
+
+
+def test_a_replay_is_refused_in_one_line_where_it_cannot_replay(finished_run: Path, tmp_path: Path):
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "plan.json").write_text((finished_run / "plan.json").read_text())
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    refusals = {
+        ("--replay", str(unfinished)): "the run is not finished (no results.json)",
+        ("--replay", str(tmp_path)): "no plan.json there",
+        ("--replay", str(finished_run), "--seed", "3"): "leave out --seed",
+        ("--replay", str(finished_run)): "is not empty; a replay goes into a new, empty folder",
+    }
+    for argv, expected in refusals.items():
+        with pytest.raises(ConfigError, match=re.escape(expected)) as error:
+            main([*argv, "--output-dir", str(full)])
+        assert "\n" not in str(error.value)
+    assert [path.name for path in full.iterdir()] == ["notes.txt"]
+    # a replay of the same run stopped before its end goes on in its folder, with that run's
+    # options
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    plan = json.loads((finished_run / "plan.json").read_text())
+    plan["options"] |= {"replay": str(finished_run), "output_dir": str(stopped)}
+    (stopped / "plan.json").write_text(json.dumps(plan))
+    args = options.QuickstartArguments(replay=str(finished_run), output_dir=str(stopped))
+    assert asdict(replay_arguments(args)) == plan["options"]
 
 
 def test_other_options_on_the_same_output_dir_are_refused(finished_run: Path, micro_data: Path):

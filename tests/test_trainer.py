@@ -271,6 +271,7 @@ def test_loss_falls_and_outputs_are_written(tmp_path):
         assert (tmp_path / name).is_file(), name
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoints",
+        "clock.json",  # each step's elapsed seconds, for --replay-clock
         "logs",
         "loss_curve.png",
         "metrics.jsonl",
@@ -483,7 +484,7 @@ def test_checkpoint_state_is_loaded_with_weights_only(tmp_path):
         make_trainer(tmp_path, max_steps=4, resume=True).train()
 
 
-@proves("pretrain", "--budget-minutes")
+@proves("pretrain", "--budget-minutes", "--replay-clock")
 def test_budget_stops_on_time_with_the_schedule_at_zero(tmp_path):
     budget_s = 0.05 * 60
     trainer = make_trainer(
@@ -504,6 +505,17 @@ def test_budget_stops_on_time_with_the_schedule_at_zero(tmp_path):
     assert state["elapsed_seconds"] >= budget_s
     assert trainer.warmup == pytest.approx(0.1 * budget_s)
     assert schedule_multiplier("cosine", budget_s, budget_s, 0.3) == 0.0
+    # Replayed with that run's clock, a run whose steps take no time (no sleeping collator) ends
+    # at the same step with the same lr at every step, and the same weights.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    replay = make_trainer(
+        tmp_path / "replay", size=8, max_steps=None, budget_minutes=0.05, warmup_steps=0.1,
+        replay_clock=str(tmp_path),
+    ).train()  # fmt: skip
+    assert replay.step == result.step and replay.elapsed_seconds == result.elapsed_seconds
+    assert [r["lr"] for r in replay.history if r["split"] == "train"] == lrs
+    weights = "model/model.safetensors"
+    assert (tmp_path / "replay" / weights).read_bytes() == (tmp_path / weights).read_bytes()
 
 
 def test_training_time_counts_the_updates_but_not_evaluation(tmp_path):

@@ -33,10 +33,12 @@ say which sizes were used). Fine-tuning gets what is left, each run its share le
 costs (start-up, data, evaluation, saving) measured on the runs before it. `plan.json` keeps the
 options, the plan, each run's allotted minutes and sizes and the time spent, so that a rerun
 after an interruption (SIGTERM or Ctrl-C stop the run in progress with a checkpoint) goes on
-where it stopped, with the same plan and allotments.
+where it stopped, with the same plan and allotments. `--replay DIR` runs a finished run's plan
+again into a new folder with every decision the clock made taken from DIR (`replay`).
 
 The package: `options` (QuickstartArguments and every default, in one block), `throughput`
 (timing training steps on the device), `planner` (the plan: pure functions), `budget` (the wall
 clock, the evaluation sizes, plan.json), `steps` (the stages' reusable parts, public for
-scripts), `report` (typed rows and tables), `run` (the pipeline, top to bottom).
+scripts), `report` (typed rows and tables), `replay` (a finished run's options, plan and
+clocks), `run` (the pipeline, top to bottom).
 """

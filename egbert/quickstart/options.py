@@ -111,6 +111,15 @@ class QuickstartArguments:
         default=False,
         metadata={"help": "load WikiText-2 and GLUE from the Hugging Face hub (needs the network)"},
     )
+    replay: str | None = field(
+        default=None,
+        metadata={
+            "help": "a finished quickstart folder: run its plan again into a new, empty "
+            "--output-dir with its recorded steps, evaluation sizes and fine-tuning runs, the "
+            "clock deciding nothing (the same results.json scores on the same machine); every "
+            "other option is that run's"
+        },
+    )
     heads: list[str] = field(
         default_factory=lambda: ["cls"],
         metadata={

@@ -43,6 +43,7 @@ from egbert.quickstart.options import (
     probe_options,
 )
 from egbert.quickstart.planner import FinetuneWork, Measurement, RunPlan
+from egbert.quickstart.replay import ran, replay_arguments, replayed_clock, replayed_plan
 from egbert.quickstart.report import Evaluation, FinetuneRun, Row, averaged_tasks, write_report
 from egbert.quickstart.steps import (
     RunStopped,
@@ -77,7 +78,9 @@ def run_quickstart(**options: Any) -> dict[str, Any]:
 
 
 def quickstart(args: QuickstartArguments) -> dict[str, Any]:
-    """Tokenizer -> the plan -> pretraining -> probe and prompts -> fine-tuning -> results."""
+    """Tokenizer -> the plan -> pretraining -> probe and prompts -> fine-tuning -> results
+    (with --replay, the finished run's plan and clocks: egbert.quickstart.replay)."""
+    args = replay_arguments(args) if args.replay else args
     output_dir = check_output_folder(args.output_dir, "--output-dir")
     # Data: local files, or the hub's written out as local files
     if args.from_hub:
@@ -171,10 +174,13 @@ def start_budget(args: QuickstartArguments, output_dir: Path) -> Budget:
             )
         print(f"  reusing {path} ({plan.spent_seconds / 60:.1f} min spent)", flush=True)
     else:
-        device = training_device()
-        bf16 = bf16_pays_off(device)
-        plan = Plan(options=options, bf16=bf16, fp16=device == "cuda" and not bf16)
         output_dir.mkdir(parents=True, exist_ok=True)
+        if args.replay:
+            plan = replayed_plan(args)
+        else:
+            device = training_device()
+            bf16 = bf16_pays_off(device)
+            plan = Plan(options=options, bf16=bf16, fp16=device == "cuda" and not bf16)
     budget = Budget(plan, path, args.budget_minutes)
     budget.save()
     return budget
@@ -321,6 +327,7 @@ def pretrain_families(
             save_every=500,
             keep_checkpoints=1,
             resume=(run_dir / "checkpoints").is_dir(),
+            replay_clock=replayed_clock(args, run_dir),
             output_dir=str(run_dir),
             card_datasets=CARD_DATASETS,
             **quickstart_pretraining(family),
@@ -458,13 +465,24 @@ def finetune_models(
                 for row in pairs
                 for head in args.heads
             )
-            done = all(key in budget.plan.run_seconds for key in keys)
-            if done or needed < budget.left() - REPORT_RESERVE_SECONDS:
+            if further_seed_goes(keys, needed, args, budget):
                 runs = [(task, [(row, seed) for row in pairs])]
                 found = run_finetune_pass(runs, models, glue, args, budget, plan)
                 for row, by_task in found.items():
                     scores[row][task] |= by_task[task]
     return scores
+
+
+def further_seed_goes(
+    keys: list[str], needed: float, args: QuickstartArguments, budget: Budget
+) -> bool:
+    """Whether a task's runs `keys` with a further seed go ahead: where they ran before (a
+    rerun) or the time left has the seconds `needed`; in a replay, where the replayed run made
+    them."""
+    if args.replay:
+        return all(ran(args, budget.path.parent / "finetune" / key) for key in keys)
+    done = all(key in budget.plan.run_seconds for key in keys)
+    return done or needed < budget.left() - REPORT_RESERVE_SECONDS
 
 
 def run_finetune_pass(
@@ -499,6 +517,7 @@ def run_finetune_pass(
             if cap is not None and cap < recipe_steps(task, glue, options):
                 options["max_steps"] = cap  # the schedule ends there
             run_dir = budget.path.parent / "finetune" / key
+            options["replay_clock"] = replayed_clock(args, run_dir)
             result, trained = finetune_once(run_dir, budget_minutes=minutes, **options)
             if trained:
                 budget.record("finetune", time.perf_counter() - start, result["train_seconds"])

@@ -146,6 +146,8 @@ class TrainerState:
     epoch: int = 0
     batches_in_epoch: int = 0  # batches (per process) of the current epoch already consumed
     elapsed_seconds: float = 0.0  # training wall time, evaluation and saving excluded
+    # elapsed_seconds after each step, skipped ones too: the clock --replay-clock replays
+    clock_readings: list[float] = field(default_factory=list)
     tokens_seen: int = 0
     skipped_nonfinite: int = 0
     skipped_overflow: int = 0  # fp16 updates skipped because their gradients overflowed

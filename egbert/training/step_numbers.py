@@ -1,5 +1,6 @@
 """What the trainer counts per optimizer step (losses, real tokens, FLOPs), kept on the device
-until the processes agree on them, and the training time they are divided by.
+until the processes agree on them, and the training time they are divided by (the clock, or a
+finished run's clock replayed).
 
 Reading a number off the device stalls the step, so each step's numbers are summed on the device
 and read at a log, evaluation or save step only, in one collective over every process
@@ -9,20 +10,24 @@ not finite, whether a signal asked to stop, and the elapsed time.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 
-from egbert.errors import TrainingError
+from egbert.errors import ConfigError, TrainingError
 from egbert.report import LossWindow
 from egbert.training.runtime import run_matmul_peak_flops, synchronize
 
+# The elapsed training seconds after each step of a finished run (--replay-clock replays them)
+CLOCK_FILE = "clock.json"
 # Where a step ran: (step, epoch, batch of the epoch), for the message that names a bad one.
 Place = tuple[int, int, int]
 
@@ -115,28 +120,82 @@ class TrainingClock:
         self.compile_seconds = 0.0
         self.last = time.perf_counter()
 
-    def advance(self, device: torch.device, say: Callable[[str], None]) -> float:
-        """The training seconds since the last call (0 for the compile step, whose time it
-        says)."""
+    def advance(self, elapsed: float, device: torch.device, say: Callable[[str], None]) -> float:
+        """The training seconds elapsed after this step: `elapsed` (before it) and the time since
+        the last call (none for the compile step, whose time it says)."""
         if self.compiling:
             synchronize(device)
         now = time.perf_counter()
         seconds, self.last = now - self.last, now
         if not self.compiling:
-            return seconds
+            return elapsed + seconds
         self.compiling = False
         self.compile_seconds += seconds
         say(
             f"egbert: compiled the model in {seconds:.1f} s (the first step; left out of the "
             "training time, tokens/s and MFU)"
         )
-        return 0.0
+        return elapsed
 
     @contextmanager
     def paused(self) -> Iterator[None]:
         started = time.perf_counter()
         yield
         self.last += time.perf_counter() - started
+
+
+class ReplayedClock:
+    """A finished run's clock (--replay-clock): each step's elapsed seconds as that run's
+    CLOCK_FILE recorded them, so that a budget run's schedule and its last step are that run's
+    whatever this machine's speed. Bit for bit: the readings are set, not added up again."""
+
+    compiling = False
+    compile_seconds = 0.0
+
+    def __init__(self, readings: list[float], done: int, source: str) -> None:
+        self.readings, self.next, self.source = readings, done, source
+
+    def advance(self, elapsed: float, device: torch.device, say: Callable[[str], None]) -> float:
+        if self.next >= len(self.readings):
+            raise TrainingError(
+                f"--replay-clock {self.source}: that run ended after {len(self.readings)} steps "
+                "and this one goes on; replay it with that run's options, data and seed"
+            )
+        self.next += 1
+        return self.readings[self.next - 1]
+
+    def paused(self) -> AbstractContextManager:
+        return nullcontext()
+
+
+def training_clock(
+    args: Any, replayed: list[float] | None, state: Any
+) -> TrainingClock | ReplayedClock:
+    """The wall clock, or with --replay-clock (its run's readings `replayed`) that run's clock
+    from the TrainerState `state`'s step on."""
+    if replayed is None:
+        return TrainingClock(compiling=args.compile)
+    return ReplayedClock(replayed, len(state.clock_readings), args.replay_clock)
+
+
+def write_clock(output_dir: Path, state: Any) -> None:
+    """CLOCK_FILE: the TrainerState `state`'s clock readings, the elapsed training seconds after
+    each step (skipped ones too), what --replay-clock reads; only where they are all known (a
+    run resumed from a checkpoint written before egbert kept them has the later ones only)."""
+    if len(state.clock_readings) == state.step + state.skipped_nonfinite:
+        text = json.dumps({"elapsed_seconds": state.clock_readings}) + "\n"
+        (output_dir / CLOCK_FILE).write_text(text, encoding="utf-8")
+
+
+def read_clock(run_dir: str) -> list[float]:
+    """The elapsed seconds after each step of the finished run in `run_dir` (its CLOCK_FILE)."""
+    path = Path(run_dir) / CLOCK_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"--replay-clock {run_dir}: no {CLOCK_FILE} there; pass the folder of a finished "
+            "training run (egbert writes its clock at the end of each run)"
+        )
+    return json.loads(path.read_text(encoding="utf-8"))["elapsed_seconds"]
 
 
 class StepNumbers:

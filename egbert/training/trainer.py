@@ -92,6 +92,7 @@ from egbert.training.runtime import (
 )
 from egbert.training.step_numbers import (
     Place,
+    ReplayedClock,
     StepLedger,
     StepNumbers,
     TrainingClock,
@@ -100,8 +101,11 @@ from egbert.training.step_numbers import (
     loss_parts,
     nonfinite_error,
     precision_record,
+    read_clock,
     skip_nonfinite_step,
     skip_overflow_step,
+    training_clock,
+    write_clock,
 )
 
 # torch._dynamo settings of --compile: bert's sparse MLM head selects the masked positions
@@ -162,7 +166,7 @@ def train_output(
     metrics: dict[str, float],
     model_dir: Path | None,
     history: list[dict[str, Any]],
-    clock: TrainingClock,
+    clock: TrainingClock | ReplayedClock,
     ledger: StepLedger,
 ) -> TrainOutput:
     """What `train` returns of a run at `state`: `model_dir` None when interrupted."""
@@ -257,6 +261,9 @@ class Trainer:
         where each epoch ends, however many steps it took (fine-tuning's epochs).
     flops_per_token: seq_len -> training FLOPs per real token, for the MFU of the log (default:
         `default_flops_per_token(model)`).
+
+    `replayed_clock` holds --replay-clock's readings (the elapsed seconds after each step of that
+    run), None when the wall clock times the steps.
     """
 
     def __init__(
@@ -312,6 +319,7 @@ class Trainer:
         self._stopping, self._signal_received = False, None
         self._last_eval, self._last_eval_step = {}, None  # its metrics, its step
         self._last_lr = args.lr
+        self.replayed_clock = None if args.replay_clock is None else read_clock(args.replay_clock)
 
     def _setup_model(
         self, model: torch.nn.Module, flops_per_token: Callable[[int], float] | None
@@ -433,6 +441,7 @@ class Trainer:
         output = self._output(metrics, model_dir=self._save_final_model(metrics))
         self.log.results({k: v for k, v in asdict(output).items() if k != "history"})
         if self.accelerator.is_main_process:
+            write_clock(self.output_dir, self.state)
             report.plot_loss_curve(output.history, self.output_dir / report.LOSS_CURVE)
         self.accelerator.wait_for_everyone()
         return output
@@ -444,7 +453,7 @@ class Trainer:
     def _train_loop(self, progress: tqdm) -> None:
         flops = self.flops_per_token is not None
         self.ledger = StepLedger(self.accelerator, self.state.elapsed_seconds, flops)
-        self.clock = TrainingClock(compiling=self.args.compile)
+        self.clock = training_clock(self.args, self.replayed_clock, self.state)
         while not self._finished() and epochs_left(self.args, self.state.epoch):
             if not self._train_epoch(progress):
                 break
@@ -524,25 +533,24 @@ class Trainer:
         )
         if self.clock.compiling:  # its time goes to compile_seconds: not a timed step
             step.timed = torch.zeros_like(step.timed)
-        self.state.elapsed_seconds += self.clock.advance(self.accelerator.device, self.log.message)
-        place = (self.state.step + 1, self.state.epoch, self.state.batches_in_epoch + 1)
-        self.ledger.add(step, place)
-        if self._agree_each_step:
-            first_nonfinite = self._agree()
-            if first_nonfinite is not None:
-                self.optimizer.zero_grad(set_to_none=True)
-                allowed = self.args.skip_nonfinite
-                self.log.message(skip_nonfinite_step(self.state, first_nonfinite, allowed))
-                return False
+        device, state = self.accelerator.device, self.state
+        state.elapsed_seconds = self.clock.advance(state.elapsed_seconds, device, self.log.message)
+        self.ledger.add(step, (state.step + 1, state.epoch, state.batches_in_epoch + 1))
+        first_nonfinite = self._agree() if self._agree_each_step else None
+        state.clock_readings.append(state.elapsed_seconds)  # agreed: the one every process has
+        if first_nonfinite is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.log.message(skip_nonfinite_step(state, first_nonfinite, self.args.skip_nonfinite))
+            return False
         if self.args.max_grad_norm > 0:
             self.accelerator.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
         self._last_lr = self.optimizer.param_groups[0]["lr"]
         applied = step_unless_overflowed(self.optimizer, self.accelerator)
         self.optimizer.zero_grad(set_to_none=True)
         if not applied:
-            self.log.message(skip_overflow_step(self.state, loss_scale(self.accelerator)))
+            self.log.message(skip_overflow_step(state, loss_scale(self.accelerator)))
             return False
-        self.state.step += 1
+        state.step += 1
         self.scheduler.step()  # the multiplier reads state.step / elapsed_seconds, both updated
         return True
 
