@@ -327,15 +327,17 @@ class ArgumentParser(argparse.ArgumentParser):
         return super().format_help()
 
     def _short_usage(self) -> str | None:
-        """One line: the required options, then [options] (argparse's lists every option)."""
-        if any(not action.option_strings for action in self._actions):
+        """One line: the positional arguments, the required options, then [options]
+        (argparse's lists every option)."""
+        if any(isinstance(action, argparse._SubParsersAction) for action in self._actions):
             return None  # subcommands: argparse's own usage line names them
+        positional = [a.metavar or a.dest for a in self._actions if not a.option_strings]
         required = [
             f"{action.option_strings[0]} {action.metavar or action.dest.upper()}"
             for action in self._actions
-            if action.required
+            if action.required and action.option_strings
         ]
-        return " ".join(["%(prog)s", *required, "[options]"])
+        return " ".join(["%(prog)s", *positional, *required, "[options]"])
 
     # ---------------------------------------------------------------- helpers
 
