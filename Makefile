@@ -45,8 +45,9 @@ MODULES ?= egbert.finetune.metrics
 MUTATION_CHILDREN ?= 1
 mutation: setup
 	nice -n 10 $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) $(foreach m,$(MODULES),'$(m).*')
-	$(BIN)/mutmut results --all true | awk '{ name = $$1; sub(/\.x(_|ǁ).*/, "", name); \
-		count[name " " $$2]++ } END { for (key in count) print key, count[key] }' | sort
+	$(BIN)/mutmut results --all true | awk -F': ' '{ name = $$1; sub(/^ +/, "", name); \
+		sub(/\.x(_|ǁ).*/, "", name); count[name ": " $$2]++ } \
+		END { for (key in count) print key, count[key] }' | sort
 
 quickstart: setup
 	$(BIN)/egbert quickstart
