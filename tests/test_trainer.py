@@ -455,8 +455,7 @@ BEST_BY_NAME = [
 
 def best_step_of(args: TrainingArguments, values: list[float]) -> int | None:
     """The step whose model BestModel keeps when evaluations at steps 1, 2, ... give `values`."""
-    saved = []
-    best = BestModel(args, Path("best"), lambda folder, extras: saved.append(folder), print)
+    best = BestModel(args, Path("best"), lambda folder, write_extras: None, lambda folder: None)
     state = TrainerState()
     for step, value in enumerate(values, start=1):
         state.step = step
