@@ -388,7 +388,8 @@ def test_help_text_is_printed_as_written(capsys):
     _, out, _ = run_cli(["finetune", "--model", "m", "--help"], capsys)
     epochs = option_help(out)["--epochs,"]
     assert epochs.count("default") == 1 and epochs.endswith("(default: 3)"), epochs
-    assert option_help(out)["--greater-is-better,"].endswith("(default: True)")
+    # unset by the recipe (issue 61: True kept the highest loss), as the help says
+    assert option_help(out)["--greater-is-better,"].endswith("(unset: lower for loss-like ones)")
 
 
 def test_prepare_help_says_which_options_it_ignores(capsys):
