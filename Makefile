@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test lint quickstart bench gpu-check clean
+.PHONY: setup test lint quickstart bench gpu-check mutation clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,17 @@ lint: setup
 test: lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
+# Mutation testing of the core (docs/testing.md), not part of `make test`: MODULES names the
+# modules whose mutants run (their mutant names' globs); pyproject.toml's [tool.mutmut] the
+# modules mutated and the tests. Results stay in mutants/ (a rerun goes on where it stopped).
+MODULES ?= egbert.finetune.metrics
+MUTATION_CHILDREN ?= 1
+mutation: setup
+	nice -n 10 $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) $(foreach m,$(MODULES),'$(m).*')
+	$(BIN)/mutmut results --all true | awk -F': ' '{ name = $$1; sub(/^ +/, "", name); \
+		sub(/\.x(_|ǁ).*/, "", name); count[name ": " $$2]++ } \
+		END { for (key in count) print key, count[key] }' | sort
+
 quickstart: setup
 	$(BIN)/egbert quickstart
 
@@ -49,4 +60,4 @@ gpu-check: setup
 	PYTHON=$(BIN)/python scripts/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache mutants

@@ -317,16 +317,20 @@ def test_sources_are_drawn_by_their_weights(command, tiny_tokenizer_dir, referen
 # ---------------------------------------------------------------- pretrain's own
 
 
-@proves("pretrain", "--max-eval-samples")
-def test_max_eval_samples_keeps_the_first_validation_examples(
-    tiny_tokenizer_dir, reference, tmp_path
+@pytest.mark.parametrize(
+    ("option", "split"), [("--max-train-samples", 0), ("--max-eval-samples", 1)]
+)
+@proves("pretrain", "--max-train-samples", "--max-eval-samples")
+def test_max_samples_keep_the_first_examples_of_their_split(
+    option, split, tiny_tokenizer_dir, reference, tmp_path
 ):
     corpus = tmp_path / "lines.txt"
     corpus.write_text("\n".join(SENTENCES * 3) + "\n", encoding="utf-8")
     argv = gpt_argv(tiny_tokenizer_dir, "--train-files", str(corpus), "--doc-boundary", "line")
-    argv += ["--validation-files", str(corpus), "--max-eval-samples", "3"]
-    _, validation = built("pretrain", tmp_path / "out", argv)
-    assert input_ids(validation) == gpt_blocks(reference, SENTENCES * 3)[:3]
+    argv += ["--validation-files", str(corpus), option, "3"]
+    examples = built("pretrain", tmp_path / "out", argv)[split]
+    assert len(gpt_blocks(reference, SENTENCES * 3)) > 3
+    assert input_ids(examples) == gpt_blocks(reference, SENTENCES * 3)[:3]
 
 
 @proves("pretrain", "--streaming")

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from option_coverage import proves
 from safetensors.torch import load_file
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score
-from transformers import AutoModelForSequenceClassification, BertConfig, BertModel
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertModel,
+)
 
 from egbert.commands.finetune import main
 from egbert.errors import CheckpointError, ConfigError
@@ -80,6 +88,23 @@ def read_predictions(path: Path) -> list[list[str]]:
     return [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+def dev_scores(model_dir: Path, dev_file: Path) -> tuple[float, float]:
+    """A saved RTE classifier's accuracy (scikit-learn's) and mean cross entropy (torch's) on a
+    GLUE dev file, tokenized as its tokenizer pairs sentences (cut to FAST's 48 tokens)."""
+    with dev_file.open(encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    first, second = [row["sentence1"] for row in rows], [row["sentence2"] for row in rows]
+    inputs = tokenizer(first, second, truncation=True, max_length=48, padding=True,
+                       return_tensors="pt")  # fmt: skip
+    labels = torch.tensor([model.config.label2id[row["label"]] for row in rows])
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    accuracy = accuracy_score(labels.tolist(), logits.argmax(-1).tolist())
+    return accuracy, F.cross_entropy(logits, labels).item()
+
+
 @pytest.mark.parametrize("features", ["cls", "last4-concat"])
 @pytest.mark.parametrize("freeze", [False, True])
 def test_rte_end_to_end(
@@ -97,7 +122,10 @@ def test_rte_end_to_end(
     assert results["train_examples"] == SLICE["train.tsv"]
     assert [entry["epoch"] for entry in results["history"]] == [1, 2]
     best = max(results["history"], key=lambda entry: entry["score"])
-    assert results["score"] == pytest.approx(best["score"])  # the best epoch is the one kept
+    assert results["score"] == pytest.approx(best["score"])
+    # the best epoch is the one kept: the saved model's own dev accuracy, scored by scikit-learn
+    accuracy, _ = dev_scores(out / "model", glue_slice / "RTE" / "dev.tsv")
+    assert accuracy == pytest.approx(best["score"])
     assert results["options"]["features"] == features
 
     rows = read_predictions(out / "predictions" / "RTE.tsv")
@@ -112,6 +140,28 @@ def test_rte_end_to_end(
     tuned = model.base_model.state_dict()
     unchanged = all(torch.equal(tuned[name], backbone[name]) for name in backbone)
     assert unchanged == freeze
+
+
+def test_the_best_model_by_loss_is_the_epoch_of_the_lowest_dev_loss(
+    glue_slice: Path, tiny_bert_dir: Path, tmp_path: Path
+) -> None:
+    """--metric-for-best-model loss: the model kept has the lowest of the epochs' dev losses,
+    its dev loss computed again here from its logits. The dev labels are flipped: what the model
+    learns of the training rows raises its dev loss, so the lowest is not the last epoch's."""
+    glue = shutil.copytree(glue_slice, tmp_path / "glue")
+    flip = {"entailment": "not_entailment", "not_entailment": "entailment"}
+    header, *rows = (glue / "RTE" / "dev.tsv").read_text(encoding="utf-8").splitlines()
+    flipped = [row.rsplit("\t", 1)[0] + "\t" + flip[row.rsplit("\t", 1)[1]] for row in rows]
+    (glue / "RTE" / "dev.tsv").write_text("\n".join([header, *flipped]) + "\n", encoding="utf-8")
+    out = tmp_path / "rte"
+    args = ["--task", "rte", "--model", str(tiny_bert_dir), "--data-dir", str(glue)]
+    main([*args, "--output-dir", str(out), *FAST, "--epochs", "3", "--no-predict",
+          "--metric-for-best-model", "loss"])  # fmt: skip
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [record["loss"] for record in records if record["split"] == "eval"]
+    assert len(losses) == 3 and min(losses) < losses[-1]
+    _, kept = dev_scores(out / "model", glue / "RTE" / "dev.tsv")
+    assert kept == pytest.approx(min(losses), rel=1e-4)
 
 
 def test_all_tasks_regression_and_table(

@@ -241,6 +241,22 @@ def test_print_config_names_where_each_value_came_from(tmp_path, capsys):
     assert printed_sources(printed)["lr"] == "recipe egbert/configs/recipes/common.yaml [finetune]"
 
 
+def test_the_command_lines_model_picks_the_recipe_over_the_config_files(tmp_path):
+    """A config file of `model: gpt` and `--model elmo`: elmo trains with elmo's recipe (its
+    lr, seq_len and config overrides, as egbert/configs/recipes/elmo.yaml writes them)."""
+    config = tmp_path / "run.yaml"
+    config.write_text("model: gpt\n")
+    recipe = yaml.safe_load(
+        (Path(egbert.__file__).parent / "configs/recipes/elmo.yaml").read_text()
+    )["pretrain"]
+    model_args, data_args, _, training_args = parse_pretrain_args(
+        ["--config", str(config), "--model", "elmo", *REQUIRED]
+    )
+    assert model_args.model == "elmo"
+    assert training_args.lr == recipe["lr"] and data_args.seq_len == recipe["seq_len"]
+    assert model_args.config_overrides == recipe["config_overrides"]
+
+
 def test_config_files_take_option_names_and_refuse_unknown_ones(tmp_path, capsys):
     config = tmp_path / "probe.json"
     config.write_text(json.dumps({"model": "m", "task": ["rte"], "data-dir": "g", "seed": 3}))
@@ -372,7 +388,8 @@ def test_help_text_is_printed_as_written(capsys):
     _, out, _ = run_cli(["finetune", "--model", "m", "--help"], capsys)
     epochs = option_help(out)["--epochs,"]
     assert epochs.count("default") == 1 and epochs.endswith("(default: 3)"), epochs
-    assert option_help(out)["--greater-is-better,"].endswith("(default: True)")
+    # unset by the recipe (issue 61: True kept the highest loss), as the help says
+    assert option_help(out)["--greater-is-better,"].endswith("(unset: lower for loss-like ones)")
 
 
 def test_prepare_help_says_which_options_it_ignores(capsys):

@@ -102,3 +102,12 @@ def test_format_metrics_shortens_names_and_tags_other_dev_sets() -> None:
     assert format_metrics({"validation": {"accuracy": 0.8, "f1": 0.85}}) == "acc 80.00 / f1 85.00"
     mnli = {"validation_matched": {"accuracy": 0.841}, "validation_mismatched": {"accuracy": 0.834}}
     assert format_metrics(mnli) == "matched acc 84.10; mismatched acc 83.40"
+
+
+def test_unequal_lengths_and_nothing_to_score_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"^3 predictions for 2 references$"):
+        compute_task_metrics("rte", [0, 1, 0], [0, 1])
+    with pytest.raises(ValueError, match="^no metrics to score$"):
+        task_score({})
+    with pytest.raises(ValueError, match="^no task scores to average$"):
+        glue_score({})

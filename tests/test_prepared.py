@@ -399,6 +399,18 @@ def small_folder(corpus, tiny_tokenizer_dir, tmp_path_factory) -> Path:
     return folder
 
 
+def test_a_validation_shard_cut_short_is_refused_when_opened(corpus, tiny_tokenizer_dir, tmp_path):
+    """guarantees.md: a shard cut short is refused, the validation split's as the train's."""
+    lines = corpus["valid"].read_text(encoding="utf-8").splitlines(keepends=True)[:100]
+    text = tmp_path / "short.tokens"
+    text.write_text("".join(lines), encoding="utf-8")
+    run_options = options("gpt", tiny_tokenizer_dir, {"train": text, "valid": text})
+    folder = Path(egbert.prepare_corpus(**run_options, output_dir=str(tmp_path / "f"))["folder"])
+    _truncate(folder / "validation/00000.input_ids.bin", 100)
+    with pytest.raises(DataError, match="validation/00000.input_ids.bin: 100 bytes, where"):
+        PreparedFolder(folder)
+
+
 @pytest.mark.parametrize(
     ("damage", "named", "expected"),
     [pytest.param(how, named, expected, id=what) for what, how, named, expected in DAMAGES],

@@ -20,6 +20,7 @@ import yaml
 from huggingface_hub import ModelCard
 from option_coverage import proves
 from safetensors.torch import load_file
+from test_data_options import gpt_blocks
 from transformers import AutoTokenizer
 
 from egbert.config import TrainingArguments
@@ -38,7 +39,6 @@ from egbert.pretrain.run import (
     model_flops_per_token,
     parse_pretrain_args,
     pretrain_arguments,
-    pretraining_data,
     pretraining_trainer,
 )
 from egbert.tokenizer import load_tokenizer, train_tokenizer
@@ -294,11 +294,10 @@ def test_a_run_trains_and_evaluates_what_its_options_say(
     )
 
     def examples_of(path: Path) -> list[list[int]]:
-        options = ["--train-files", str(path), "--doc-boundary", "line", "--seq-len", "16"]
-        model_args, data_args, objective_args, _ = parsed(tiny_tokenizer_dir, *options)
-        tokenizer = load_tokenizer(tiny_tokenizer_dir)
-        parts = (model_args.model, data_args, objective_args, tokenizer)
-        return rows(pretraining_data(*parts, 11, None).train)
+        """gpt's blocks of the file's lines (--doc-boundary line), built by definition."""
+        lines = path.read_text(encoding="utf-8").splitlines()
+        documents = [line.strip() for line in lines if line.strip()]
+        return gpt_blocks(AutoTokenizer.from_pretrained(tiny_tokenizer_dir), documents, 16)
 
     assert rows(trainer.train_loader.dataset) == examples_of(corpus["train"])
     assert rows(trainer.eval_sets[""]) == examples_of(corpus["valid"])

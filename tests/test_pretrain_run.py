@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import kill_once
 from option_coverage import proves
 from safetensors.torch import load_file
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 import egbert.models  # noqa: F401  (registers the Auto classes)
 from egbert.arguments import parse_args
@@ -29,7 +30,10 @@ from egbert.pretrain.options import PRETRAIN_ARGUMENTS, DataArguments
 from egbert.pretrain.run import (
     FAMILY_DEFAULTS,
     build_model,
+    elmo_perplexities,
+    gpt_perplexity,
     parse_pretrain_args,
+    pretraining_data,
 )
 from egbert.tokenizer import load_tokenizer
 
@@ -69,6 +73,24 @@ def pretrain_argv(family: str, tokenizer: Path, train: Path, out: Path, *extra: 
 def split_records(out: Path, split: str) -> list[dict]:
     lines = (out / "metrics.jsonl").read_text().splitlines()
     return [record for record in map(json.loads, lines) if record["split"] == split]
+
+
+def examples_of(argv: list[str], split: str) -> list[list[int]]:
+    """The `split` ("train" or "eval") examples of a run's options, as `pretraining_data` builds
+    them (test_data_options.py proves them against examples built by definition)."""
+    model_args, data_args, objective_args, training_args = parse_pretrain_args(argv)
+    parts = (model_args.model, data_args, objective_args, load_tokenizer(data_args.tokenizer))
+    examples = getattr(pretraining_data(*parts, training_args.seed, None), split)
+    return [list(map(int, example["input_ids"])) for example in examples]
+
+
+def next_token_loss(model_dir: Path, blocks: list[list[int]]) -> float:
+    """The mean cross entropy of each next token of `blocks` under the saved causal LM."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ids = torch.tensor(blocks)  # (blocks, seq)
+    with torch.no_grad():
+        logits = torch.cat([model(chunk).logits for chunk in ids.split(8)])
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).item()
 
 
 @pytest.mark.parametrize(
@@ -119,8 +141,18 @@ def test_tiny_preset_pretrains_and_validation_loss_falls(
         assert evals[-1]["rtd_accuracy"] > all_original + 0.01, (evals[-1], all_original)
     else:
         assert evals[-1]["loss"] < evals[0]["loss"] - 0.05, [record["loss"] for record in evals]
-    if family == "gpt":
-        assert evals[-1]["perplexity"] == pytest.approx(math.exp(evals[-1]["loss"]))
+    last = evals[-1]
+    if family == "gpt":  # the saved (step-36) model's next-token loss, by torch's cross entropy
+        argv = pretrain_argv(family, tiny_tokenizer_dir, corpus["train"], out, *extra)
+        held_out = next_token_loss(out / "model", examples_of(argv, "eval"))
+        assert last["loss"] == pytest.approx(held_out, rel=1e-4)
+        assert last["perplexity"] == pytest.approx(math.exp(held_out), rel=1e-4)
+    if family == "elmo":  # commands.md: the mean of the two directions' perplexities
+        forward, backward = math.exp(last["forward_loss"]), math.exp(last["backward_loss"])
+        assert last["loss"] == pytest.approx((last["forward_loss"] + last["backward_loss"]) / 2)
+        assert last["forward_perplexity"] == pytest.approx(forward, rel=1e-9)
+        assert last["backward_perplexity"] == pytest.approx(backward, rel=1e-9)
+        assert last["perplexity"] == pytest.approx((forward + backward) / 2, rel=1e-9)
     # the training log shows the parts of the loss beside it, and tokens/s and MFU
     train = split_records(out, "train")
     assert all(record["tokens_per_s"] > 0 and record["mfu"] > 0 for record in train)
@@ -136,6 +168,17 @@ def test_tiny_preset_pretrains_and_validation_loss_falls(
     for name in ("loss_curve.png", "train.log", "train_results.json", "pretrain_args.json"):
         assert (out / name).is_file()
     assert (out / "checkpoints" / "step-36").is_dir()
+
+
+def test_perplexity_is_exp_of_the_loss_and_elmos_the_mean_of_its_directions():
+    """docs/commands.md: gpt's perplexity is exp(loss); elmo's the mean of the forward and the
+    backward perplexities (Peters et al.), here 250, not exp of the mean loss (200)."""
+    assert gpt_perplexity({"loss": math.log(50.0)})["perplexity"] == pytest.approx(50.0)
+    losses = {"forward_loss": math.log(100.0), "backward_loss": math.log(400.0)}
+    elmo = elmo_perplexities({**losses, "loss": sum(losses.values()) / 2})
+    assert elmo["forward_perplexity"] == pytest.approx(100.0)
+    assert elmo["backward_perplexity"] == pytest.approx(400.0)
+    assert elmo["perplexity"] == pytest.approx(250.0)
 
 
 def _one_line_error(argv: list[str], capsys) -> str:
@@ -348,8 +391,13 @@ def gpt_argv(corpus, tokenizer: Path, out: Path, *extra: str) -> list[str]:
 
 @proves("pretrain", "--max-train-samples")
 def test_max_train_samples_trains_on_the_first_examples_only(corpus, tiny_tokenizer_dir, tmp_path):
-    """12 examples in batches of 4: 3 steps an epoch (the short corpus has some 80 blocks)."""
+    """12 examples in batches of 4: 3 steps an epoch (the short corpus has some 80 blocks),
+    the first 12 of those the corpus gives without the option."""
     out = tmp_path / "run"
+    whole = examples_of(gpt_argv(corpus, tiny_tokenizer_dir, out), "train")
+    first = examples_of(gpt_argv(corpus, tiny_tokenizer_dir, out, "--max-train-samples", "12"),
+                        "train")  # fmt: skip
+    assert len(whole) > 12 and first == whole[:12]
     with logged("accelerate.utils.other") as records:  # gpt ties its output weights
         main(
             gpt_argv(corpus, tiny_tokenizer_dir, out, "--max-train-samples", "12", "--epochs", "2")

@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,11 @@ from torch import nn
 
 from egbert.config import TrainingArguments
 from egbert.errors import CheckpointError, ConfigError, TrainingError
+from egbert.finetune.run import parse_finetune_args
+from egbert.pretrain.collators import MLMCollator
+from egbert.tokenizer import load_tokenizer
+from egbert.training.checkpoints import TrainerState
+from egbert.training.model_saving import BestModel
 from egbert.training.optimization import noam_multiplier, parameter_groups, schedule_multiplier
 from egbert.training.runtime import bf16_pays_off, matmul_gflops
 from egbert.training.trainer import Trainer
@@ -285,6 +291,41 @@ def test_loss_falls_and_outputs_are_written(tmp_path):
     assert result.model_dir == tmp_path / "model"
 
 
+class RecordingCollator:
+    """BERT's MLM collator, recording which positions of each example it masked, each time."""
+
+    def __init__(self, collator: MLMCollator) -> None:
+        self.collator = collator
+        self.masked: dict[tuple[int, ...], list[list[bool]]] = defaultdict(list)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.collator.set_epoch(epoch)
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        batch = self.collator(examples)
+        for example, labels in zip(examples, batch["labels"], strict=True):
+            self.masked[tuple(example["input_ids"])].append((labels != -100).tolist())
+        return batch
+
+
+def test_masks_are_drawn_anew_each_epoch_through_the_trainer(tmp_path, tiny_tokenizer_dir):
+    """Dynamic masking (docs/data.md): each example's masked positions in its second epoch
+    differ from those of its first."""
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    words = sorted(set(range(len(tokenizer))) - set(tokenizer.all_special_ids))
+    rng = np.random.default_rng(0)
+    examples = [{"input_ids": rng.choice(words, 16).tolist()} for _ in range(8)]
+    collator = RecordingCollator(MLMCollator(tokenizer, mlm_probability=0.3))
+    args = TrainingArguments(
+        output_dir=str(tmp_path), batch_size=4, epochs=2, seed=1, report_to="none"
+    )
+    torch.manual_seed(0)
+    Trainer(TinyLM(TinyConfig(vocab_size=len(tokenizer))), args, examples, collator).train()
+    assert len(collator.masked) == 8
+    for first, second in collator.masked.values():
+        assert any(first) and any(second) and first != second
+
+
 def test_bf16_warns_where_it_is_slower_than_fp32(tmp_path, capsys):
     AcceleratorState._reset_state(reset_partial_state=True)  # the precision is process-wide
     make_trainer(tmp_path, bf16=True, max_steps=1).train()
@@ -399,6 +440,46 @@ def test_best_checkpoint_is_kept_by_metric(tmp_path):
     assert_same_weights(
         tmp_path / "best/model.safetensors", tmp_path / "model/model.safetensors", 0
     )
+
+
+# (the metric's name, its value at steps 1, 2, 3, the step a best model keeps): a loss,
+# perplexity or error, whatever its prefix, is better lower; any other metric higher.
+BEST_BY_NAME = [
+    ("loss", [3.0, 2.0, 2.5], 2),
+    ("mlm_loss", [3.0, 2.0, 2.5], 2),
+    ("eval_forward_perplexity", [90.0, 70.0, 80.0], 2),
+    ("rtd_error", [0.3, 0.4, 0.1], 3),
+    ("score", [0.5, 0.7, 0.6], 2),
+    ("eval_accuracy", [0.5, 0.4, 0.6], 3),
+]
+
+
+def best_step_of(args: TrainingArguments, values: list[float]) -> int | None:
+    """The step whose model BestModel keeps when evaluations at steps 1, 2, ... give `values`."""
+    best = BestModel(args, Path("best"), lambda folder, write_extras: None, lambda folder: None)
+    state = TrainerState()
+    for step, value in enumerate(values, start=1):
+        state.step = step
+        best.track({args.metric_for_best_model.removeprefix("eval_"): value, "other": 0.0}, state)
+    return state.best_step
+
+
+@pytest.mark.parametrize(("name", "values", "best"), BEST_BY_NAME)
+def test_the_best_model_is_the_lowest_loss_and_the_highest_of_other_metrics(name, values, best):
+    args = TrainingArguments(output_dir="out", metric_for_best_model=name)
+    assert best_step_of(args, values) == best
+
+
+def test_finetune_keeps_the_lowest_loss_and_the_highest_score_by_its_recipe():
+    """--metric-for-best-model loss keeps the epoch of the lowest dev loss, the recipe's task
+    score the highest: the recipe leaves --greater-is-better to the metric's name."""
+    by_loss = parse_finetune_args(["--model", "m", "--output-dir", "o", "--metric-for-best-model",
+                                   "loss"])[1]  # fmt: skip
+    assert by_loss.greater_is_better in (False, None)
+    assert best_step_of(by_loss, [0.9, 0.6, 0.7]) == 2
+    by_score = parse_finetune_args(["--model", "m", "--output-dir", "o"])[1]
+    assert by_score.metric_for_best_model == "score"
+    assert best_step_of(by_score, [0.5, 0.7, 0.6]) == 2
 
 
 def _poisoned_step(batch_size: int = 4, seed: int = 1, poison: int = 5) -> int:
