@@ -410,11 +410,12 @@ def model_card_info(task: Task, args: FinetuneArguments) -> ModelCardInfo:
 @dataclass
 class TaskTrainer:
     """One task's trainer, ready to train (`finetuning_trainer`), and what its results need:
-    the dev and test splits as read, the dev splits' names, the names of the metrics computed,
-    the tokenizer, the sequence length and the number of training examples."""
+    the dev and test splits as read, the dev splits tokenized, their names, the names of the
+    metrics computed, the tokenizer, the sequence length and the number of training examples."""
 
     trainer: Trainer
     splits: dict[str, datasets.Dataset]
+    dev_sets: dict[str, datasets.Dataset]  # tokenized
     dev_names: list[str]
     metric_names: set[str]
     tokenizer: PreTrainedTokenizerBase
@@ -468,7 +469,7 @@ def finetuning_trainer(
         epoch_ends=True,  # evaluate on dev and checkpoint after every epoch, unless asked
     )
     return TaskTrainer(
-        trainer, splits, dev_names, metric_names, tokenizer, max_length, len(train_set)
+        trainer, splits, dev_sets, dev_names, metric_names, tokenizer, max_length, len(train_set)
     )
 
 
@@ -530,10 +531,9 @@ def predict_dev_sets(task: Task, built: TaskTrainer) -> dict[str, dict[str, list
     egbert.evaluation.significance: what two runs are compared on)."""
     found = {}
     for split in built.dev_names:
-        dataset = built.splits[split]
-        encoded = tokenize(dataset, task, built.tokenizer, built.max_length, split)
-        logits = built.trainer.predict(encoded).predictions
-        found |= dev_predictions(split, dataset["label"], predictions_of(task, logits))
+        logits = built.trainer.predict(built.dev_sets[split]).predictions
+        labels = built.splits[split]["label"]
+        found |= dev_predictions(split, labels, predictions_of(task, logits))
     return found
 
 
