@@ -51,6 +51,15 @@ class Difference:
     def real(self) -> bool:
         return self.low > 0 or self.high < 0
 
+    @property
+    def ahead(self) -> bool:
+        """A is ahead beyond the noise."""
+        return self.real and self.points > 0
+
+    @property
+    def behind(self) -> bool:
+        return self.real and self.points < 0
+
     def __str__(self) -> str:
         return f"{self.points:+.1f} [{self.low:+.1f}, {self.high:+.1f}]"
 
@@ -197,8 +206,8 @@ def compare(
 def summary_line(name: str, other: str, differences: Mapping[str, Difference]) -> str:
     """ "bert beats its twin on 3 of 5 tasks; 2 within noise" (the average left out)."""
     tasks = {task: d for task, d in differences.items() if task != "average"}
-    wins = sum(d.real and d.points > 0 for d in tasks.values())
-    losses = sum(d.real and d.points < 0 for d in tasks.values())
+    wins = sum(d.ahead for d in tasks.values())
+    losses = sum(d.behind for d in tasks.values())
     line = f"{name} beats {other} on {wins} of {len(tasks)} tasks"
     if losses:
         line += f", loses on {losses}"

@@ -135,16 +135,16 @@ def plot_results(
 
     groups = [*tasks, "average"]
     figure, (axes, margins) = plt.subplots(2, 1, figsize=(max(6, 1.4 * len(groups)), 7.5))
-    _bars(axes, {label: [*(by_task[t] for t in tasks), task_average(by_task) or 0.0]
-                 for label, by_task in scores.items()}, groups)  # fmt: skip
+    scored = {
+        label: [100 * by_task[t] for t in tasks] + [100 * (task_average(by_task) or 0.0)]
+        for label, by_task in scores.items()
+    }
+    _bars(axes, scored, groups)
     axes.set_ylabel("dev score (GLUE metric x 100)")
     axes.set_title("fine-tuning", fontsize="medium")
-    errors = {}
-    for name, differences in comparisons.items():
-        shown = [differences.get(t) for t in groups]
-        errors[name] = shown
-    _bars(margins, {name: [d.points / 100 if d else 0.0 for d in shown]
-                    for name, shown in errors.items()}, groups, errors)  # fmt: skip
+    shown = {name: [found.get(g) for g in groups] for name, found in comparisons.items()}
+    _bars(margins, {name: [d.points if d else 0.0 for d in row] for name, row in shown.items()},
+          groups, shown)  # fmt: skip
     margins.set_ylabel("pretrained - twin (points, 95% interval)")
     margins.set_title("what pretraining bought", fontsize="medium")
     figure.tight_layout()
@@ -152,19 +152,18 @@ def plot_results(
     plt.close(figure)
 
 
-def _bars(axes, values: Mapping[str, Sequence[float]], groups: Sequence[str], errors=None):
-    """One bar per label in each group (values are fractions, drawn x 100), with the
-    `errors`' intervals as error bars where given."""
-    width = 0.8 / max(len(values), 1)
-    for index, (label, row) in enumerate(values.items()):
-        positions = [g + (index - (len(values) - 1) / 2) * width for g in range(len(groups))]
-        heights = [100 * value for value in row]
+def _bars(axes, heights: Mapping[str, Sequence[float]], groups: Sequence[str], intervals=None):
+    """One bar per label in each group, with the `intervals` (Differences) as error bars where
+    given."""
+    width = 0.8 / max(len(heights), 1)
+    for index, (label, row) in enumerate(heights.items()):
+        positions = [g + (index - (len(heights) - 1) / 2) * width for g in range(len(groups))]
         spans = None
-        if errors is not None:
-            shown = errors[label]
-            spans = [[d.points - d.low if d else 0 for d in shown],
-                     [d.high - d.points if d else 0 for d in shown]]  # fmt: skip
-        axes.bar(positions, heights, width, label=label, yerr=spans, capsize=3)
+        if intervals is not None:
+            found = intervals[label]
+            spans = [[d.points - d.low if d else 0 for d in found],
+                     [d.high - d.points if d else 0 for d in found]]  # fmt: skip
+        axes.bar(positions, row, width, label=label, yerr=spans, capsize=3)
     axes.set_xticks(range(len(groups)), groups)
     axes.axhline(0, color="black", linewidth=0.5)
     axes.legend(fontsize="small")
@@ -278,7 +277,7 @@ def majority_column(against: Mapping[str, Mapping[str, Difference]]) -> dict[str
     the majority class by more than the noise ("none: as the majority class" when on none)."""
     column = {}
     for label, differences in against.items():
-        wins = sum(d.real and d.points > 0 for d in differences.values())
+        wins = sum(d.ahead for d in differences.values())
         column[label] = f"{wins} of {len(differences)}" if wins else "none: as the majority class"
     return column
 
