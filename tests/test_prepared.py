@@ -221,6 +221,8 @@ def test_pretrain_from_a_folder_equals_pretrain_from_the_files(
     out = capsys.readouterr().out
     assert len(reported) == 1 and "training examples hold 100.0% of the corpus's" in reported[0]
     assert reported[0] in out.splitlines()
+    # said before the run starts, kept in train.log with the run's own lines
+    assert reported[0] in (tmp_path / "files" / "train.log").read_text().splitlines()
     for split in ("train", "eval"):
         from_files = split_records(tmp_path / "files", split)
         from_folder = split_records(tmp_path / "prepared", split)
