@@ -117,9 +117,9 @@ def drawn_scores(metric: str, references: np.ndarray, predictions: np.ndarray) -
     """The task score (the mean of its GLUE metrics) of each row: (draws, examples) -> (draws,)."""
     if metric == "pearson_spearman":
         references, predictions = references.astype(float), predictions.astype(float)
+        # a constant row's correlations are 0 (`_pearson`), as the GLUE module scores them
         ranks = _pearson(rankdata(predictions, axis=1), rankdata(references, axis=1))
-        constant = predictions.min(axis=1) == predictions.max(axis=1)
-        return np.where(constant, 0.0, (_pearson(predictions, references) + ranks) / 2)
+        return (_pearson(predictions, references) + ranks) / 2
     accuracy = (references == predictions).mean(axis=1)
     if metric == "accuracy":
         return accuracy
