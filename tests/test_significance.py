@@ -13,9 +13,11 @@ from scipy.stats import bootstrap, pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from egbert.cli import main as cli_main
+from egbert.errors import DataError
 from egbert.finetune.significance import (
     Difference,
     compare,
+    compare_runs,
     constant_predictions,
     drawn_scores,
     summary_line,
@@ -56,6 +58,18 @@ def test_undefined_correlations_score_zero_as_the_glue_metric_does():
     references = np.array([[0, 1, 1, 0]])
     assert drawn_scores("matthews_correlation", references, np.zeros((1, 4), int))[0] == 0
     assert drawn_scores("pearson_spearman", references, np.ones((1, 4)))[0] == 0
+    # no 1 predicted and none true: sklearn's F1 is 0, accuracy 1
+    none = np.zeros((1, 4), int)
+    assert drawn_scores("accuracy_f1", none, none)[0] == (1 + f1_score([0] * 4, [0] * 4)) / 2
+
+
+def test_runs_scored_on_other_dev_examples_or_splits_are_refused():
+    a = one_split([1, 0, 1], [1, 0, 1])
+    with pytest.raises(DataError, match="rte validation: the runs were scored on different dev"):
+        compare({"rte": a}, {"rte": one_split([1, 1, 0], [1, 1, 0])})
+    matched = {"validation_matched": a["validation"]}
+    with pytest.raises(DataError, match=r"rte: the runs were scored on different dev splits"):
+        compare({"rte": a}, {"rte": {**a, **matched}})
 
 
 def one_split(references, *seeds):
@@ -121,16 +135,54 @@ def test_the_summary_line_counts_real_wins_and_losses():
     assert line == "bert beats its twin on 1 of 3 tasks, loses on 1; 1 within noise"
 
 
-def probe_folder(path: Path, right: int, count: int = 40) -> Path:
-    """A probe run's results folder whose rte predictions are right on the first `right` of
-    `count` dev examples (labels alternate 1, 0)."""
+def rte_predictions(right: int, count: int = 40) -> dict:
+    """rte dev predictions right on the first `right` of `count` examples (labels 1, 0, ...)."""
     references = [1 - i % 2 for i in range(count)]
     predictions = [label if i < right else 1 - label for i, label in enumerate(references)]
-    dev = {"validation": {"references": references, "predictions": predictions}}
+    return {"validation": {"references": references, "predictions": predictions}}
+
+
+def results_folder(path: Path, name: str, report: dict) -> Path:
     path.mkdir()
-    report = {"tasks": {"rte": {"score": right / count, "dev_predictions": dev}}}
-    (path / "probe_results.json").write_text(json.dumps(report), encoding="utf-8")
+    (path / name).write_text(json.dumps(report), encoding="utf-8")
     return path
+
+
+def probe_folder(path: Path, right: int) -> Path:
+    """A probe run's results folder, its rte predictions right on `right` of 40."""
+    report = {"tasks": {"rte": {"score": right / 40, "dev_predictions": rte_predictions(right)}}}
+    return results_folder(path, "probe_results.json", report)
+
+
+def test_compare_reads_a_finetune_run_and_each_prompt_setting(tmp_path):
+    """One task's finetune folder (its results at the top of eval_results.json) against a
+    probe's; two prompt-eval folders: each k-shot row both hold; a finetune folder and a
+    prompt-eval folder hold no row in common."""
+    one_task = {"task": "rte", "score": 0.9, "dev_predictions": rte_predictions(36)}
+    finetuned = results_folder(tmp_path / "ft", "eval_results.json", one_task)
+    shots = {
+        "0": {"dev_predictions": rte_predictions(20)},
+        "4": {"dev_predictions": rte_predictions(30)},
+    }
+    prompted = results_folder(
+        tmp_path / "pe", "prompt_eval_results.json", {"tasks": {"rte": {"shots": shots}}}
+    )
+    other = {"tasks": {"rte": {"shots": {"0": shots["4"]}}}}
+    both = compare_runs(prompted, results_folder(tmp_path / "o", "prompt_eval_results.json", other))
+    assert list(both) == ["rte, 0-shot"] and both["rte, 0-shot"].points == -25.0  # (20 - 30) / 40
+    assert compare_runs(finetuned, probe_folder(tmp_path / "p", 20))["rte"].points == 40.0
+    with pytest.raises(DataError, match="scored no task in common"):
+        compare_runs(finetuned, prompted)
+
+
+def test_compare_says_which_run_is_ahead_or_that_neither_is(tmp_path, capsys):
+    a, b = probe_folder(tmp_path / "a", 36), probe_folder(tmp_path / "b", 20)
+    cli_main(["compare", str(b), str(a)])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| rte"))
+    assert row.startswith("| rte | -40.0 |") and row.endswith("| B ahead |")
+    cli_main(["compare", str(a), str(probe_folder(tmp_path / "c", 35))])  # 36 against 35 of 40
+    out = capsys.readouterr().out
+    assert "| within noise |" in out and "A beats B on 0 of 1 tasks; 1 within noise" in out
 
 
 @proves("compare", "--samples", "--seed")

@@ -25,14 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     differences = compare_runs(args.run_a, args.run_b, samples=args.samples, seed=args.seed)
     print(f"A: {args.run_a}\nB: {args.run_b}\n")
     print("| task | A - B (points) | 95% interval | verdict |\n|---|---:|---:|---|")
-    for task, difference in differences.items():
-        verdict = (
-            "within noise"
-            if not difference.real
-            else "A ahead"
-            if difference.points > 0
-            else "B ahead"
-        )
-        bounds = f"[{difference.low:+.1f}, {difference.high:+.1f}]"
-        print(f"| {task} | {difference.points:+.1f} | {bounds} | {verdict} |")
+    for task, d in differences.items():
+        verdict = "A ahead" if d.ahead else "B ahead" if d.behind else "within noise"
+        print(f"| {task} | {d.points:+.1f} | [{d.low:+.1f}, {d.high:+.1f}] | {verdict} |")
     print(f"\n{summary_line('A', 'B', differences)}")
