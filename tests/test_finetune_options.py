@@ -82,9 +82,16 @@ def encoded(tokenizer, rows: list[dict], columns: list[str], max_length: int) ->
 
 
 def first_examples(trainer, count: int) -> dict[str, torch.Tensor]:
-    """The first `count` training examples as one batch of the trainer's collator."""
+    """The first `count` training examples as one batch of the trainer's collator, on the
+    trainer's device."""
     dataset = trainer.train_loader.dataset
-    return trainer.data_collator([dataset[i] for i in range(count)])
+    batch = trainer.data_collator([dataset[i] for i in range(count)])
+    return {name: tensor.to(trainer.accelerator.device) for name, tensor in batch.items()}
+
+
+def on_cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict's tensors on the CPU, to compare a model on any device with a saved one."""
+    return {name: tensor.cpu() for name, tensor in state.items()}
 
 
 # ---------------------------------------------------------------- the command and the Python API
@@ -155,7 +162,7 @@ def test_the_model_task_and_glue_folder_are_the_ones_named(
     model = trainer.model
     assert model.config.id2label == RTE_LABELS
     saved = EgbertBertModel.from_pretrained(tiny_egbert_bert_dir).state_dict()
-    backbone = model.base_model.state_dict()
+    backbone = on_cpu(model.base_model.state_dict())
     assert saved.keys() == backbone.keys()
     assert all(torch.equal(backbone[name], saved[name]) for name in saved)
     train, dev = trainer.train_loader.dataset, trainer.evaluator.loaders[""].dataset
@@ -270,7 +277,7 @@ def test_a_pickle_checkpoint_loads_with_allow_pickle_only(
     argv = rte(pickled, micro_data, tmp_path / "out")
     with pytest.raises(CheckpointError, match="pickle checkpoint.*--allow-pickle"):
         build(*argv)
-    backbone = build(*argv, "--allow-pickle").trainer.model.base_model.state_dict()
+    backbone = on_cpu(build(*argv, "--allow-pickle").trainer.model.base_model.state_dict())
     assert all(torch.equal(backbone[name], value) for name, value in saved.state_dict().items())
 
 

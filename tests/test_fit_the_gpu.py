@@ -58,7 +58,7 @@ class Harness(nn.Module):
         self.inner = TinyLM(TinyConfig(dropout=0.1))
         self.config = self.inner.config
         rows = [e["input_ids"] for e in tiny_dataset() if e["id"] == boosted]
-        self.boosted = torch.tensor(rows)
+        self.register_buffer("boosted", torch.tensor(rows), persistent=False)  # on the run's device
         self.fits, self.die_at, self.tight_from = fits, die_at, tight_from
         self.calls, self.out_of_memory, self.dtypes, self.rows = 0, 0, set(), []
 

@@ -125,8 +125,10 @@ def test_sampling_with_a_seed_is_reproducible(gpt_dir: Path, capsys) -> None:
     assert first == second
     assert first != other
     tokenizer = AutoTokenizer.from_pretrained(gpt_dir)
-    model = EgbertGPTForCausalLM.from_pretrained(gpt_dir).eval()
-    ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    # on the device the command samples on (the GPU where there is one): its random stream
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = EgbertGPTForCausalLM.from_pretrained(gpt_dir).to(device).eval()
+    ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"].to(device)
     torch.manual_seed(3)
     expected = model.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=True,

@@ -42,7 +42,7 @@ from egbert.pretrain.run import (
     pretraining_trainer,
 )
 from egbert.tokenizer import load_tokenizer, train_tokenizer
-from egbert.training.runtime import matmul_peak_flops, training_device
+from egbert.training.runtime import matmul_peak_flops
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
 
@@ -160,7 +160,8 @@ def test_init_from_alone_gives_the_family_and_the_tokenizer_of_its_folder(
     assert model_args.model == "gpt"
     trainer = pretraining_trainer(model_args, *rest)
     model = trainer.accelerator.unwrap_model(trainer.model)
-    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in weights.items())
+    state = {name: tensor.cpu() for name, tensor in model.state_dict().items()}  # from any device
+    assert all(torch.equal(state[name], tensor) for name, tensor in weights.items())
     # the blocks hold the corpus's tokens as the folder's tokenizer reads them
     reference = AutoTokenizer.from_pretrained(other)
     known = set(reference(text.read_text(encoding="utf-8"))["input_ids"])
@@ -316,7 +317,7 @@ def test_a_run_trains_and_evaluates_what_its_options_say(
     assert result.model_dir == out / "model" and result.step == 2
     card = ModelCard.load(out / "model" / "README.md")
     assert card.data.license == "mit" and card.data.datasets == ["Salesforce/wikitext"]
-    peak = matmul_peak_flops(training_device(), torch.float32)
+    peak = matmul_peak_flops("cpu", torch.float32)  # the run's --use-cpu
     flops = flops_by_hand(model, 16, 1.0, attention=True)
     for record in [record for record in result.history if record["split"] == "train"]:
         assert record["mfu"] * peak / record["tokens_per_s"] == pytest.approx(flops, rel=1e-6)

@@ -317,8 +317,8 @@ def test_masks_are_drawn_anew_each_epoch_through_the_trainer(tmp_path, tiny_toke
     examples = [{"input_ids": rng.choice(words, 16).tolist()} for _ in range(8)]
     collator = RecordingCollator(MLMCollator(tokenizer, mlm_probability=0.3))
     args = TrainingArguments(
-        output_dir=str(tmp_path), batch_size=4, epochs=2, seed=1, report_to="none"
-    )
+        output_dir=str(tmp_path), batch_size=4, epochs=2, seed=1, report_to="none", num_workers=0
+    )  # collated in this process (a GPU's default loader workers would record in theirs)
     torch.manual_seed(0)
     Trainer(TinyLM(TinyConfig(vocab_size=len(tokenizer))), args, examples, collator).train()
     assert len(collator.masked) == 8

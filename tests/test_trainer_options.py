@@ -143,7 +143,7 @@ def test_the_optimizer_steps_with_the_gradient_clipped_to_max_grad_norm(tmp_path
     assert unclipped > 0.05 * 2  # the clipping has something to do
     trained = trainer.accelerator.unwrap_model(trainer.model).parameters()
     for param, stepped in zip(model.parameters(), trained, strict=True):
-        torch.testing.assert_close(seen[id(stepped)], param.grad, atol=1e-7, rtol=1e-5)
+        torch.testing.assert_close(seen[id(stepped)].cpu(), param.grad, atol=1e-7, rtol=1e-5)
 
 
 @proves("pretrain", "--batch-size", "--max-steps")
@@ -235,8 +235,11 @@ def test_the_accelerator_gets_the_device_and_ddp_options(tmp_path, monkeypatch):
 
 @proves("pretrain", "--num-workers")
 def test_num_workers_collate_in_that_many_loader_processes(tmp_path):
-    assert trainer_of(options(tmp_path / "a", "--num-workers", "2")).train_loader.num_workers == 2
-    assert trainer_of(options(tmp_path / "b")).train_loader.num_workers == 0  # the CPU's default
+    assert trainer_of(options(tmp_path / "a", "--num-workers", "0")).train_loader.num_workers == 0
+    assert trainer_of(options(tmp_path / "b", "--num-workers", "3")).train_loader.num_workers == 3
+    default = trainer_of(options(tmp_path / "c"))
+    on_cpu = default.accelerator.device.type == "cpu"
+    assert default.train_loader.num_workers == (0 if on_cpu else 2)  # docs/training.md
 
 
 # ---------------------------------------------------------------- intervals, files, trackers
