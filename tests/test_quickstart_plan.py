@@ -1,5 +1,7 @@
 """quickstart's planner (egbert.quickstart.planner) as the pure function it is: given measured
-step times, a budget and a corpus, the sizes, batches, passes and fine-tuning runs it picks.
+step times, a budget and a corpus (and a GPU's memory), the sizes, batches, passes and
+fine-tuning runs it picks; and around it, the probe's search for steps that fit a card (its step
+stubbed) and the plan's way into the pretraining runs.
 
 The step rates below stand for two machines, written here from what was measured on them, not
 from the code under test:
@@ -9,17 +11,26 @@ from the code under test:
   least;
 - one H100 (issue 55's table: base bert 566k tokens/s, base gpt 485k, elmo 81k), the smaller
   presets faster by their FLOPs until per-step costs (15 ms) bound them.
+The steps' peak memory, where a test needs it, comes from a formula of the sizes (`peak_bytes`),
+not from a card: none was at hand.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
+from dataclasses import asdict, replace
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from egbert.quickstart import planner
+from egbert.quickstart import planner, throughput
+from egbert.quickstart import run as quickstart_run
+from egbert.quickstart.budget import Budget, Plan
+from egbert.quickstart.options import QuickstartArguments
 from egbert.quickstart.planner import FinetuneWork, Measurement
 
 WIDTHS = {"tiny": 128, "mini": 256, "small": 512, "base": 768}
@@ -81,7 +92,7 @@ def machine(peaks: dict, least_step: float, batches: list[int]) -> list[Measurem
     return found
 
 
-def plan(measurements, minutes: float, work: FinetuneWork | None = None):
+def plan(measurements, minutes: float, work: FinetuneWork | None = None, **memory):
     return planner.plan_run(
         measurements,
         budget_seconds=minutes * 60,
@@ -89,6 +100,7 @@ def plan(measurements, minutes: float, work: FinetuneWork | None = None):
         corpus_tokens=CORPUS_TOKENS,
         work=work or FinetuneWork(GLUE, epochs=3),
         **SHARES,
+        **memory,
     )
 
 
@@ -214,3 +226,238 @@ def test_no_plan_exceeds_its_budget(minutes: float, speed: float, least_step: fl
     assert sum(found.seconds.values()) <= minutes * 60 + 1e-6
     for choice in found.pretraining.values():
         assert choice.minutes * 60 <= minutes * 60 * 0.6
+
+
+# ---------------------------------------------------------------- the card's memory
+
+CARD = 16e9  # a T4's 16 GB (Colab's free GPU)
+BATCHES = [16, 32, 64, 128, 256, 512]
+
+
+def peak_bytes(preset: str, batch: int, seq_len: int, checkpointing: bool = False) -> int:
+    """A step's peak memory from its sizes: 16 bytes a parameter (fp32 weights and gradients,
+    Adam's two moments) and, a token, 44 bytes a layer and unit of width of 16-bit activations
+    (Korthikanti et al. 2022: 34 + 5 x heads x length / width, 64-wide heads at 128 tokens; elmo
+    counted alike), 2 with gradient checkpointing (a layer's input alone), and the logits over
+    16,000 words in fp16 and fp32."""
+    per_layer = 2 if checkpointing else 44
+    per_token = LAYERS[preset] * WIDTHS[preset] * per_layer + 16000 * 6
+    return 16 * PARAMETERS[preset] + batch * seq_len * per_token
+
+
+def with_memory(measured: list[Measurement]) -> list[Measurement]:
+    """Each step with its peak, and beside it the same batch with gradient checkpointing, a third
+    slower (as --gradient-checkpointing's help has it)."""
+    found = []
+    for m in measured:
+        found.append(replace(m, peak_bytes=peak_bytes(m.preset, m.batch_size, m.seq_len)))
+        found.append(
+            replace(
+                m,
+                seconds_per_step=m.seconds_per_step * 4 / 3,
+                peak_bytes=peak_bytes(m.preset, m.batch_size, m.seq_len, checkpointing=True),
+                gradient_checkpointing=True,
+            )
+        )
+    return found
+
+
+# A GPU whose per-step costs (0.1 s) make every larger batch pay, up to the largest measured.
+BUSY_GPU = machine(GPU_PEAK, 0.1, BATCHES)
+
+
+def planned_step(choice: planner.PretrainChoice, measured: list[Measurement]) -> Measurement:
+    """The measured step a pretraining choice trains with."""
+    (step,) = [
+        m
+        for m in measured
+        if (m.family, m.preset, m.batch_size) == (choice.family, choice.preset, choice.batch_size)
+        and (m.grad_accum, m.gradient_checkpointing)
+        == (choice.grad_accum, choice.gradient_checkpointing)
+    ]
+    return step
+
+
+def test_without_a_memory_limit_the_plan_is_the_one_before():
+    for plain, minutes in ((CPU, 30), (GPU, 8), (BUSY_GPU, 8)):
+        before = plan(plain, minutes)
+        measured = with_memory(plain)
+        assert plan(measured, minutes) == before
+        assert plan(measured, minutes, memory_bytes=None) == before
+        assert plan(measured, minutes, memory_bytes=1e15) == before  # a card where all fits
+
+
+@pytest.mark.parametrize("card", [8e9, 12e9, CARD])
+def test_a_step_past_the_cards_memory_is_never_planned(card: float):
+    measured = with_memory(BUSY_GPU)
+    unbounded = plan(measured, 8).pretraining.values()
+    # without the limit the plan takes a step past it: the limit is what keeps it out
+    assert max(planned_step(c, measured).peak_bytes for c in unbounded) > 0.9 * card
+    for choice in plan(measured, 8, memory_bytes=card).pretraining.values():
+        assert planned_step(choice, measured).peak_bytes <= 0.9 * card, choice.reason
+
+
+def test_on_a_t4_a_larger_size_is_weighed_at_the_steps_that_fit():
+    measured = with_memory(BUSY_GPU)
+    # base gpt at batch 512 needs 34 GB: on 16 GB its best is batch 512 with gradient
+    # checkpointing, a third slower, and small gpt's batch 512 (12.5 GB) wins
+    assert plan(measured, 8).pretraining["gpt"].preset == "base"
+    gpt = plan(measured, 8, memory_bytes=CARD).pretraining["gpt"]
+    assert (gpt.preset, gpt.batch_size, gpt.gradient_checkpointing) == ("small", 512, False)
+    assert "base 6.77 (at the steps that fit the card)" in gpt.reason
+    # on 12 GB small's batch 512 does not fit either; base checkpointed is the better buy
+    gpt = plan(measured, 8, memory_bytes=12e9).pretraining["gpt"]
+    assert (gpt.preset, gpt.batch_size, gpt.gradient_checkpointing) == ("base", 512, True)
+    assert "batch 512 needs ~34.4 GB, more than 90% of the card's 12.0 GB" in gpt.reason
+    assert "batch 512 with gradient checkpointing at 363,750 tokens/s (batch 128: 163,840)" in (
+        gpt.reason
+    )
+
+
+def base_bert_steps(micro_seconds: float, checkpointed_seconds: float) -> list[Measurement]:
+    """bert base's recipe batch (16) past 90% of a 16 GB card, and the two ways round it:
+    micro-batches of 8 accumulated twice, and the batch with gradient checkpointing."""
+    step = functools.partial(
+        Measurement, "bert", "base", seq_len=128, parameters=PARAMETERS["base"], hidden_size=768
+    )
+    return [
+        step(batch_size=16, seconds_per_step=0.1, peak_bytes=15e9),
+        step(batch_size=8, seconds_per_step=micro_seconds, peak_bytes=8e9, grad_accum=2),
+        step(batch_size=16, seconds_per_step=checkpointed_seconds, peak_bytes=6e9,
+             gradient_checkpointing=True),
+    ]  # fmt: skip
+
+
+def choose_base_bert(steps: list[Measurement], memory_bytes: float | None):
+    return planner.choose_preset(
+        "bert", {"base": steps}, 600, CORPUS_TOKENS, {"base": True}, memory_bytes
+    )
+
+
+def test_accumulation_where_it_is_faster_than_checkpointing():
+    steps = base_bert_steps(micro_seconds=0.06, checkpointed_seconds=0.13)
+    assert choose_base_bert(steps, None).batch_size == 16  # no limit: the batch as it is
+    choice = choose_base_bert(steps, CARD)
+    assert (choice.batch_size, choice.grad_accum, choice.gradient_checkpointing) == (8, 2, False)
+    assert choice.tokens_per_second == pytest.approx(8 * 128 / 0.06, rel=1e-4)
+    assert (
+        "batch 16 needs ~15.0 GB, more than 90% of the card's 16.0 GB: micro-batch 8 x 2 "
+        "accumulation at 17,067 tokens/s (batch 16 with gradient checkpointing: 15,754)"
+    ) in choice.reason
+
+
+def test_checkpointing_where_it_is_faster_than_accumulation():
+    # both within 10% of the best rate, at the same batch: the faster
+    steps = base_bert_steps(micro_seconds=0.068, checkpointed_seconds=0.13)
+    choice = choose_base_bert(steps, CARD)
+    assert (choice.batch_size, choice.grad_accum, choice.gradient_checkpointing) == (16, 1, True)
+    assert (
+        "batch 16 with gradient checkpointing at 15,754 tokens/s (micro-batch 8 x 2 "
+        "accumulation: 15,059)"
+    ) in choice.reason
+
+
+def test_where_no_step_fits_the_least_memory_is_planned_and_the_plan_says_so():
+    steps = base_bert_steps(micro_seconds=0.06, checkpointed_seconds=0.13)
+    choice = choose_base_bert(steps, 4e9)  # even the checkpointed 6 GB is past 3.6 GB
+    assert choice.gradient_checkpointing
+    assert "no step fits 90% of the card's 4.0 GB" in choice.reason
+    tiny = [Measurement("bert", "tiny", 16, 128, PARAMETERS["tiny"], 128, 0.05, peak_bytes=10**9)]
+    choice = planner.choose_preset(
+        "bert", {"tiny": tiny, "base": steps}, 600, CORPUS_TOKENS, {"tiny": 1, "base": 1}, 4e9
+    )
+    assert choice.preset == "tiny" and "base: no step fits 90% of the card's memory" in (
+        choice.reason
+    )
+
+
+def test_plan_json_keeps_the_ways_round_and_older_plans_still_load():
+    measured = with_memory(BUSY_GPU)
+    found = plan(measured, 8, memory_bytes=12e9)
+    assert found.pretraining["gpt"].gradient_checkpointing
+    saved = json.loads(json.dumps(asdict(found)))
+    assert planner.run_plan_from_dict(saved) == found
+    for choice in saved["pretraining"].values():  # a plan.json from before these fields
+        del choice["grad_accum"], choice["gradient_checkpointing"]
+    older = planner.run_plan_from_dict(saved).pretraining.values()
+    assert {(c.grad_accum, c.gradient_checkpointing) for c in older} == {(1, False)}
+    step = asdict(measured[0])
+    del step["peak_bytes"], step["grad_accum"], step["gradient_checkpointing"]
+    assert Measurement(**step) == replace(measured[0], peak_bytes=None)
+
+
+def test_the_plan_reaches_the_pretraining_runs(tmp_path, monkeypatch):
+    chosen = plan(GPU, 8).pretraining
+    chosen["bert"] = replace(chosen["bert"], batch_size=8, grad_accum=4)
+    chosen["gpt"] = replace(chosen["gpt"], gradient_checkpointing=True)
+    given = {}
+
+    def run_pretraining(**options):
+        given[options["model"]] = options
+        return SimpleNamespace(interrupted=False, elapsed_seconds=1.0)
+
+    monkeypatch.setattr(quickstart_run.pretrain_run, "run_pretraining", run_pretraining)
+    args = QuickstartArguments(output_dir=str(tmp_path))
+    budget = Budget(Plan(options={}, bf16=False), tmp_path / "plan.json", minutes=10)
+    run_plan = planner.RunPlan(chosen, plan(GPU, 8).finetuning)
+    quickstart_run.pretrain_families(args, budget, tmp_path, run_plan)
+    for family, choice in chosen.items():
+        options = given[family]
+        assert (options["batch_size"], options["grad_accum"]) == (
+            choice.batch_size,
+            choice.grad_accum,
+        )
+        assert options["gradient_checkpointing"] == choice.gradient_checkpointing
+
+
+class ModelOnACard:
+    """What the probe asks of a model besides its steps: whether it checkpoints, and to."""
+
+    supports_gradient_checkpointing = True
+    is_activation_checkpointing = False
+
+    def activation_checkpointing_enable(self) -> None:
+        self.is_activation_checkpointing = True
+
+
+def steps_on(memory: float | None, per_example: float):
+    """throughput.measure_step on a card of `memory` bytes (None: the CPU, no peak): 1 GB and
+    `per_example` bytes an example (a tenth with checkpointing), out of memory past the card;
+    20 ms and 1 ms an example (a third more with checkpointing)."""
+
+    def measure_step(model, family, preset, device, dtype, batch_size, grad_accum=1):
+        checkpointing = model.is_activation_checkpointing
+        peak = 1e9 + batch_size * per_example * (0.1 if checkpointing else 1)
+        if memory is not None and peak > memory:
+            return None
+        seconds = 0.02 + 0.001 * batch_size * (4 / 3 if checkpointing else 1)
+        peak = None if memory is None else int(peak)
+        return Measurement(
+            family, preset, batch_size, 128, 1, 128, seconds, peak, grad_accum, checkpointing
+        )
+
+    return measure_step
+
+
+@pytest.mark.parametrize(
+    "memory, per_example, expected",
+    [
+        # the CPU: doubled from bert's recipe batch while the rate grows by 10%, as before
+        (None, 0, [(16, 1, False), (32, 1, False), (64, 1, False), (128, 1, False),
+                   (256, 1, False)]),
+        # batch 128 runs out of memory: it again with checkpointing
+        (12e9, 1e8, [(16, 1, False), (32, 1, False), (64, 1, False), (128, 1, True)]),
+        # batch 128 runs (13.8 GB) but past 90% of 14 GB: measured, then checkpointed
+        (14e9, 1e8, [(16, 1, False), (32, 1, False), (64, 1, False), (128, 1, False),
+                     (128, 1, True)]),
+        # the recipe's batch 16 does not fit: micro-batches of 8 (13 GB) and 4 (7 GB), then 16
+        # checkpointed
+        (12e9, 1.5e9, [(4, 4, False), (16, 1, True)]),
+    ],
+)  # fmt: skip
+def test_the_probe_measures_the_ways_round_a_batch_that_does_not_fit(
+    monkeypatch, memory, per_example, expected
+):
+    monkeypatch.setattr(throughput, "measure_step", steps_on(memory, per_example))
+    measured = throughput.measure_preset(ModelOnACard(), "bert", "base", "cuda", None, memory)
+    assert [(m.batch_size, m.grad_accum, m.gradient_checkpointing) for m in measured] == expected

@@ -30,6 +30,14 @@ then fewer steps for the largest tasks: a cap on each run's steps (the schedule 
 cap, and every example can still be seen once, where a cut of the examples would drop some). The
 batch is the smallest measured one within BATCH_TOLERANCE of the preset's best rate: more
 updates for the same tokens, where the device has nothing to gain from more.
+
+On a GPU the card's memory bounds both. A step whose measured peak passes MEMORY_SHARE of the card
+is never planned as it is; the probe measures the two ways round it, the same batch with gradient
+checkpointing (each layer recomputed in the backward pass) and, where the recipe's batch itself
+does not fit, micro-batches accumulated up to it, and the batch rule above weighs them by their
+measured rates with the steps that fit: of two ways to one batch, the faster. A size none of
+whose steps fits is left out. The reason says what the memory changed and what the other way
+would have cost.
 """
 
 from __future__ import annotations
@@ -67,6 +75,11 @@ TUNED_WIDTHS = {"bert": 256, "gpt": 128, "elmo": 256}
 # The same for quickstart's fine-tuning lr (the quickstart-finetune sections): bert's was tuned
 # on tiny, gpt's and elmo's on mini (docs/experiments/quickstart-plan.md, recipe-compare.md).
 FINETUNE_TUNED_WIDTHS = {"bert": 128, "gpt": 256, "elmo": 256}
+# The share of a card's memory a planned step may take at its peak: the probe's step holds one
+# model, its optimizer and one batch, where a training run adds evaluation batches, the data
+# loader's pinned buffers and hours of allocator fragmentation, and the CUDA context lies
+# outside torch's count.
+MEMORY_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -79,11 +92,19 @@ class Measurement:
     seq_len: int
     parameters: int  # every parameter, the embeddings included
     hidden_size: int
-    seconds_per_step: float
+    seconds_per_step: float  # of one micro-batch where grad_accum > 1
+    peak_bytes: int | None = None  # the device's peak memory in the steps (None: the CPU's)
+    grad_accum: int = 1  # micro-batches of batch_size per optimizer step
+    gradient_checkpointing: bool = False
 
     @property
     def tokens_per_second(self) -> float:
         return self.batch_size * self.seq_len / self.seconds_per_step
+
+    @property
+    def optimizer_batch(self) -> int:
+        """Examples per optimizer step: the micro-batch times its accumulation."""
+        return self.batch_size * self.grad_accum
 
 
 @dataclass(frozen=True)
@@ -115,6 +136,8 @@ class PretrainChoice:
     passes: float
     predicted_loss: float
     reason: str
+    grad_accum: int = 1  # micro-batches of batch_size per optimizer step
+    gradient_checkpointing: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,12 +181,83 @@ def best_rate(measurements: Sequence[Measurement]) -> float:
 
 
 def chosen_batch(measurements: Sequence[Measurement]) -> Measurement:
-    """The smallest batch within BATCH_TOLERANCE of the best rate."""
+    """The smallest batch within BATCH_TOLERANCE of the best rate; of two ways to one batch
+    (micro-batches accumulated, gradient checkpointing), the faster."""
     fast_enough = (1 - BATCH_TOLERANCE) * best_rate(measurements)
     return min(
         (m for m in measurements if m.tokens_per_second >= fast_enough),
-        key=lambda m: m.batch_size,
+        key=lambda m: (m.optimizer_batch, -m.tokens_per_second),
     )
+
+
+def fits_memory(measurement: Measurement, memory_bytes: float | None) -> bool:
+    """Whether a step's measured peak fits MEMORY_SHARE of the device's memory (`memory_bytes`
+    None: no limit, as on the CPU)."""
+    peak = measurement.peak_bytes
+    return memory_bytes is None or peak is None or peak <= MEMORY_SHARE * memory_bytes
+
+
+def within_memory(
+    by_preset: Mapping[str, Sequence[Measurement]], memory_bytes: float | None
+) -> dict[str, list[Measurement]]:
+    """Each preset's steps that fit the device's memory, presets with none left out; where no
+    step of any fits, the one of least memory alone (the probe ran it; training may not)."""
+    fitting = {
+        preset: [m for m in measured if fits_memory(m, memory_bytes)]
+        for preset, measured in by_preset.items()
+    }
+    fitting = {preset: measured for preset, measured in fitting.items() if measured}
+    if fitting:
+        return fitting
+    least = min((m for ms in by_preset.values() for m in ms), key=lambda m: m.peak_bytes or 0)
+    return {least.preset: [least]}
+
+
+def gigabytes(count: float) -> str:
+    return f"{count / 1e9:.1f} GB"
+
+
+def batch_words(m: Measurement) -> str:
+    """ "micro-batch 8 x 2 accumulation", "batch 16 with gradient checkpointing"."""
+    words = f"batch {m.batch_size}"
+    if m.grad_accum > 1:
+        words = f"micro-batch {m.batch_size} x {m.grad_accum} accumulation"
+    return words + (" with gradient checkpointing" if m.gradient_checkpointing else "")
+
+
+def way_to_batch(m: Measurement) -> tuple[bool, bool]:
+    """(accumulated, checkpointed): the way a step reaches its batch."""
+    return m.grad_accum > 1, m.gradient_checkpointing
+
+
+def memory_note(
+    chosen: Measurement, measured: Sequence[Measurement], memory_bytes: float | None
+) -> str:
+    """What the device's memory changed in a preset's batch ("" where nothing): the batch that
+    does not fit, the way round it and the other way's rate."""
+    if memory_bytes is None:
+        return ""
+    card = f"{MEMORY_SHARE:.0%} of the card's {gigabytes(memory_bytes)}"
+    if not fits_memory(chosen, memory_bytes):
+        return f"; no step fits {card}: {batch_words(chosen)}, the least memory"
+    if way_to_batch(chosen) == (False, False) and chosen == chosen_batch(measured):
+        return ""
+    too_big = [m for m in measured if not fits_memory(m, memory_bytes)]
+    if too_big:
+        over = max(too_big, key=lambda m: m.tokens_per_second)
+        need = f"{batch_words(over)} needs ~{gigabytes(over.peak_bytes)}, more than {card}"
+    else:  # the probe ran out of memory at it
+        need = f"batch {chosen.optimizer_batch} does not fit the card's {gigabytes(memory_bytes)}"
+    note = f"; {need}: {batch_words(chosen)} at {chosen.tokens_per_second:,.0f} tokens/s"
+    rivals = [
+        m
+        for m in measured
+        if fits_memory(m, memory_bytes) and way_to_batch(m) != way_to_batch(chosen)
+    ]
+    if rivals:
+        rival = max(rivals, key=lambda m: m.tokens_per_second)
+        note += f" ({batch_words(rival)}: {rival.tokens_per_second:,.0f})"
+    return note
 
 
 def finetune_step_seconds(measurements: Sequence[Measurement]) -> float:
@@ -248,39 +342,66 @@ def width_scale(tuned: Mapping[str, int], family: str, width: int) -> float:
     return min(1.0, tuned.get(family, width) / width)
 
 
+def size_reason(
+    preset: str,
+    losses: Mapping[str, float],
+    fits: Mapping[str, bool],
+    bound: set[str],
+    rate: float,
+    seconds: float,
+) -> str:
+    """ "mini: predicted loss 5.10 at ... (against tiny 5.31, ...)"; `bound`: the presets whose
+    best rate the card's memory lowered."""
+
+    def remark(name: str) -> str:
+        if not fits[name]:
+            return " (its fine-tuning does not fit)"
+        return " (at the steps that fit the card)" if name in bound else ""
+
+    others = ", ".join(
+        f"{name} {value:.2f}{remark(name)}"
+        for name, value in sorted(losses.items(), key=lambda item: item[1])
+        if name != preset
+    )
+    return (
+        f"{preset}: predicted loss {losses[preset]:.2f} at {rate:,.0f} tokens/s for {seconds:.0f} s"
+        + (f" (against {others})" if others else "")
+    )
+
+
 def choose_preset(
     family: str,
     by_preset: Mapping[str, Sequence[Measurement]],
     seconds: float,
     corpus_tokens: int,
     fits: Mapping[str, bool],
+    memory_bytes: float | None = None,
 ) -> PretrainChoice:
-    """The preset of lowest predicted loss among those whose fine-tuning fits."""
+    """The preset of lowest predicted loss among those whose fine-tuning fits, each at the steps
+    that fit the device's memory (`memory_bytes`, None: no limit)."""
+    usable = within_memory(by_preset, memory_bytes)
     losses = {
         preset: predicted_loss(measured[0].parameters, best_rate(measured) * seconds, corpus_tokens)
-        for preset, measured in by_preset.items()
+        for preset, measured in usable.items()
     }
-    fitting = [preset for preset in by_preset if fits[preset]]
+    fitting = [preset for preset in usable if fits[preset]]
     if fitting:
         preset = min(fitting, key=losses.__getitem__)
     else:  # the smallest, whose fine-tuning comes nearest to fitting
-        preset = min(by_preset, key=lambda name: by_preset[name][0].parameters)
-    loss = losses[preset]
-    batch = chosen_batch(by_preset[preset])
+        preset = min(usable, key=lambda name: usable[name][0].parameters)
+    batch = chosen_batch(usable[preset])
     rate = batch.tokens_per_second
     useful = USEFUL_PASSES * corpus_tokens
     train_seconds = min(seconds, useful / rate)
     tokens = rate * train_seconds
-    others = ", ".join(
-        f"{name} {value:.2f}" + ("" if fits[name] else " (its fine-tuning does not fit)")
-        for name, value in sorted(losses.items(), key=lambda item: item[1])
-        if name != preset
-    )
-    reason = (
-        f"{preset}: predicted loss {loss:.2f} at {rate:,.0f} tokens/s for {seconds:.0f} s"
-        + (f" (against {others})" if others else "")
-        + (f"; batch {batch.batch_size}, the smallest within 10% of the best rate")
-    )
+    bound = {
+        name for name, steps in usable.items() if best_rate(steps) < best_rate(by_preset[name])
+    }
+    reason = size_reason(preset, losses, fits, bound, rate, seconds)
+    reason += f"; batch {batch.optimizer_batch}, the smallest within 10% of the best rate"
+    reason += memory_note(batch, by_preset[preset], memory_bytes)
+    if dropped := [name for name in by_preset if name not in usable]:
+        reason += f"; {', '.join(dropped)}: no step fits {MEMORY_SHARE:.0%} of the card's memory"
     if not fits[preset]:
         reason += "; no size's fine-tuning fits: the smallest"
     if train_seconds < seconds:
@@ -297,8 +418,10 @@ def choose_preset(
         tokens_per_second=round(rate, 1),
         tokens=int(tokens),
         passes=round(tokens / corpus_tokens, 2),
-        predicted_loss=round(loss, 3),
+        predicted_loss=round(losses[preset], 3),
         reason=reason,
+        grad_accum=batch.grad_accum,
+        gradient_checkpointing=batch.gradient_checkpointing,
     )
 
 
@@ -314,11 +437,13 @@ def plan_run(
     evaluation_share: float,
     reserve_seconds: float,
     pretrain_overhead_seconds: float,
+    memory_bytes: float | None = None,
 ) -> RunPlan:
     """The plan (see the module's docstring). `measurements` hold each family's candidate
     presets (only the pinned one where --preset is given); `spent_seconds` is what the budget
     lost before planning (the tokenizer, the measuring). Pretraining gets what the evaluation's
-    share and the fine-tuning leave, within `pretrain_shares` (least, most) of the budget."""
+    share and the fine-tuning leave, within `pretrain_shares` (least, most) of the budget.
+    `memory_bytes` is the GPU's memory (None on the CPU: no limit)."""
     grouped: dict[str, dict[str, list[Measurement]]] = {}
     for m in measurements:
         grouped.setdefault(m.family, {}).setdefault(m.preset, []).append(m)
@@ -350,7 +475,7 @@ def plan_run(
             needed = finetune_seconds(work, finetune.models, sized, finetune.max_steps)
             fits[preset] = family not in finetune.models or needed <= finetuning + 1e-6
         choices[family] = choose_preset(
-            family, presets, pretrain_seconds[family], corpus_tokens, fits
+            family, presets, pretrain_seconds[family], corpus_tokens, fits, memory_bytes
         )
         step_seconds[family] = finetune_step_seconds(presets[choices[family].preset])
     # Time a family's pretraining gives back (it stops after USEFUL_PASSES) goes to fine-tuning.

@@ -62,7 +62,7 @@ from egbert.quickstart.steps import (
     save_twin,
     train_size,
 )
-from egbert.quickstart.throughput import measure_family, presets_by_size
+from egbert.quickstart.throughput import device_memory, measure_family, presets_by_size
 from egbert.training.runtime import bf16_pays_off, training_device
 
 # The fine-tuned rows in priority order, as the planner names them (planner.FinetuneWork.models)
@@ -205,7 +205,8 @@ def plan_for_machine(
     else:
         train_files, _ = corpus_files(data)
         budget.plan.corpus_tokens = corpus_tokens(tokenizer, train_files)
-        measurements = measure_throughputs(args, budget, tokenizer)
+        memory = device_memory(training_device())
+        measurements = measure_throughputs(args, budget, tokenizer, memory)
         budget.plan.measurements = [asdict(m) for m in measurements]
         plan = planner.plan_run(
             measurements,
@@ -218,6 +219,7 @@ def plan_for_machine(
             evaluation_share=EVALUATION_SHARE,
             reserve_seconds=REPORT_RESERVE_SECONDS,
             pretrain_overhead_seconds=FIRST_OVERHEAD_SECONDS["pretrain"],
+            memory_bytes=memory,
         )
         budget.plan.run_plan = asdict(plan)
         budget.save()
@@ -226,11 +228,14 @@ def plan_for_machine(
 
 
 def measure_throughputs(
-    args: QuickstartArguments, budget: Budget, tokenizer: PreTrainedTokenizerBase
+    args: QuickstartArguments,
+    budget: Budget,
+    tokenizer: PreTrainedTokenizerBase,
+    memory_bytes: int | None,
 ) -> list[Measurement]:
     """Training steps of each family timed at its presets (only --preset's, when given), from
     the smallest up while a larger one could still lower the predicted loss, in MEASURE_SHARE
-    of the budget at most."""
+    of the budget at most; on a GPU within its `memory_bytes`."""
     device, start = training_device(), time.perf_counter()
     deadline = start + MEASURE_SHARE * budget.total
     corpus = budget.plan.corpus_tokens
@@ -239,16 +244,18 @@ def measure_throughputs(
         seconds = budget.total * PRETRAIN_SHARES[0] * FAMILY_SHARES[family]
 
         def larger_may_pay(found: list[Measurement], seconds=seconds) -> bool:
+            fitting = [m for m in found if planner.fits_memory(m, memory_bytes)]
             losses = [
                 planner.predicted_loss(m.parameters, m.tokens_per_second * seconds, corpus)
-                for m in best_per_preset(found)
+                for m in best_per_preset(fitting)
             ]
             improving = len(losses) < 2 or losses[-1] < losses[-2]
             return improving and time.perf_counter() < deadline
 
         presets = [args.preset] if args.preset else presets_by_size(family)
+        dtype = autocast_dtype(budget.plan)
         measured += measure_family(
-            family, presets, tokenizer, device, autocast_dtype(budget.plan), larger_may_pay
+            family, presets, tokenizer, device, dtype, larger_may_pay, memory_bytes
         )
     print(f"  measured {len(measured)} step times in {time.perf_counter() - start:.0f} s")
     return measured
@@ -310,6 +317,8 @@ def pretrain_families(
             model=family,
             preset=choice.preset,
             batch_size=choice.batch_size,
+            grad_accum=choice.grad_accum,
+            gradient_checkpointing=choice.gradient_checkpointing,
             seq_len=choice.seq_len,
             lr=pretraining_default(family, "lr") * choice.lr_scale,
             tokenizer=str(output_dir / "tokenizer"),
