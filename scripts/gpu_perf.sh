@@ -17,7 +17,8 @@
 # WikiText-2) to try the script on a CPU (tests/test_gpu_scripts.py runs it so);
 # GPU_PERF_COMPILE=0 leaves torch.compile out; GPU_PERF_COMPILE_MODE=max-autotune-no-cudagraphs
 # (or another --compile-mode) compiles `egbert pretrain`'s rows in that mode, to choose the
-# default by measurement. EGBERT_DATA must point at the shared data.
+# default by measurement; GPU_PERF_TOKENIZER=DIR uses that tokenizer instead of training one.
+# EGBERT_DATA must point at the shared data.
 # Record the table in docs/performance.md with the date, device and commit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +39,7 @@ bench_compile=(--compile-only)
 if [ "${GPU_PERF_COMPILE:-1}" = 0 ]; then compile=(); bench_compile=(); fi
 precision=bf16
 if [ "${GPU_PERF_TINY:-0}" = 1 ]; then
-    preset=tiny gpt_seq=64 gpt_batch=8 bert_batch=16 elmo_batch=8 steps=6 log_every=2
+    preset=tiny gpt_seq=64 gpt_batch=8 bert_batch=16 elmo_batch=8 steps=4 log_every=2
     bench_steps=2 bench_warmup=1
     precision=fp32  # a CPU without native bf16 emulates it, and elmo's LSTM has no bf16 kernel there
 else
@@ -52,13 +53,17 @@ fi
 bf16=(--bf16 "$([ "$precision" = bf16 ] && echo true || echo false)")
 failed=0
 
-echo "gpu_perf: training a WordPiece tokenizer on $corpus ..."
-$python -m egbert.cli tokenizer train --files "$corpus" --out "$out/tokenizer" >"$out/tokenizer.log" 2>&1 || failed=1
+tokenizer=${GPU_PERF_TOKENIZER:-}
+if [ -z "$tokenizer" ]; then
+    echo "gpu_perf: training a WordPiece tokenizer on $corpus ..."
+    tokenizer=$out/tokenizer
+    $python -m egbert.cli tokenizer train --files "$corpus" --out "$tokenizer" >"$out/tokenizer.log" 2>&1 || failed=1
+fi
 
 pretrain() {  # family, seq, batch, extra options...
     local family=$1 seq=$2 batch=$3
     shift 3
-    $python -m egbert.cli pretrain --model "$family" --preset "$preset" --tokenizer "$out/tokenizer" \
+    $python -m egbert.cli pretrain --model "$family" --preset "$preset" --tokenizer "$tokenizer" \
         --train-files "$corpus" --doc-boundary wikitext --output-dir "$out/pretrain-$family" \
         --seq-len "$seq" --batch-size "$batch" "${bf16[@]}" --max-steps "$steps" \
         --log-every "$log_every" --report-to none "$@" >"$out/pretrain-$family.log" 2>&1 || failed=1

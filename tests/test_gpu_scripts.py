@@ -72,12 +72,19 @@ def test_gpu_check_without_suite_and_quickstart_kills_and_resumes(
 
 
 @pytest.mark.slow
-def test_gpu_perf_tiny_fills_every_row(tmp_path, subprocess_env, data_dir):
+def test_gpu_perf_tiny_fills_every_row(tmp_path, subprocess_env, data_dir, tiny_tokenizer_dir):
     out = tmp_path / "perf"
     env = {**subprocess_env, "EGBERT_DATA": str(data_dir)}
-    env |= {"GPU_PERF_TINY": "1", "GPU_PERF_COMPILE": "0"}
+    # the suite's tokenizer: training one is a process of its own (`egbert tokenizer train` is
+    # tested in test_tokenizer.py)
+    env |= {
+        "GPU_PERF_TINY": "1",
+        "GPU_PERF_COMPILE": "0",
+        "GPU_PERF_TOKENIZER": str(tiny_tokenizer_dir),
+    }
     run_script(["scripts/gpu_perf.sh", str(out)], env, out)
     summary = (out / "summary.md").read_text()
+    assert not (out / "tokenizer").exists()  # the one given was used
     for row in ("gpt seq 64", "bert NSP seq 128", "elmo seq 64"):
         for kind in ("bench", "egbert pretrain"):
             cells = table_line(summary, f"| {row}: {kind} |")
