@@ -346,7 +346,15 @@ def test_quickstart_hands_fp16_to_its_pretraining_and_fine_tuning(tmp_path, monk
     monkeypatch.setattr(quickstart.pretrain_run, "run_pretraining", capture)
     monkeypatch.setattr(quickstart, "finetune_once", capture)
     budget = Budget(Plan(options={}, bf16=False, fp16=True), tmp_path / "plan.json", minutes=10)
-    choice = SimpleNamespace(preset="tiny", batch_size=8, seq_len=64, lr_scale=1.0, minutes=1.0)
+    choice = SimpleNamespace(
+        preset="tiny",
+        batch_size=8,
+        seq_len=64,
+        lr_scale=1.0,
+        minutes=1.0,
+        grad_accum=1,
+        gradient_checkpointing=False,
+    )
     choice.epochs, choice.finetune_lr_scale = None, 1.0
     plan = SimpleNamespace(
         pretraining=dict.fromkeys(MODEL_FAMILIES, choice),
