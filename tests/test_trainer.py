@@ -36,7 +36,13 @@ from egbert.pretrain.collators import MLMCollator
 from egbert.tokenizer import load_tokenizer
 from egbert.training.checkpoints import TrainerState
 from egbert.training.model_saving import BestModel
-from egbert.training.optimization import noam_multiplier, parameter_groups, schedule_multiplier
+from egbert.training.optimization import (
+    batches_per_step,
+    noam_multiplier,
+    parameter_groups,
+    run_progress,
+    schedule_multiplier,
+)
 from egbert.training.runtime import bf16_pays_off, matmul_gflops
 from egbert.training.trainer import Trainer
 
@@ -198,6 +204,26 @@ def test_linear_and_cosine_match_transformers():
     assert schedule_multiplier("linear", 100, 100, 10) == 0.0
     assert schedule_multiplier("constant", 5, 100, 10) == 0.5
     assert schedule_multiplier("constant", 90, 100, 10) == 1.0
+
+
+def test_the_schedule_is_the_same_in_any_unit_and_names_an_unknown_one():
+    """Seconds of a half-second budget as steps of a long run: halfway is half the peak."""
+    assert schedule_multiplier("linear", 0.25, 0.5, 0.0) == pytest.approx(0.5)
+    assert schedule_multiplier("linear", 500, 1000, 0) == pytest.approx(0.5)
+    with pytest.raises(ConfigError, match=r"unknown schedule 'step'; use one of .*linear"):
+        schedule_multiplier("step", 50, 100, 10)
+
+
+def test_progress_is_the_larger_of_the_budget_and_the_steps_done(tmp_path):
+    """docs/training.md: a run with a budget and a step count is as far as the further of the
+    two; the batch ramp from 4 to 12 examples a step follows it (1 + round(2 x progress))."""
+    args = TrainingArguments(
+        output_dir=str(tmp_path), budget_minutes=2, max_steps=100, batch_size=4, batch_ramp_to=12
+    )
+    assert run_progress(args, 0, 30.0, 100) == pytest.approx(0.25)  # 30 s of 120
+    assert run_progress(args, 80, 30.0, 100) == pytest.approx(0.8)  # 80 steps of 100
+    assert [batches_per_step(args, 0, seconds, 100) for seconds in (0, 60, 120)] == [1, 2, 3]
+    assert batches_per_step(args, 100, 0.0, 100) == 3
 
 
 def test_noam_rule():
