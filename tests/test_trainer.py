@@ -37,11 +37,15 @@ from egbert.tokenizer import load_tokenizer
 from egbert.training.checkpoints import TrainerState
 from egbert.training.model_saving import BestModel
 from egbert.training.optimization import (
+    accumulation_text,
     batches_per_step,
+    lr_multiplier,
     noam_multiplier,
     parameter_groups,
     run_progress,
     schedule_multiplier,
+    total_steps,
+    warmup_length,
 )
 from egbert.training.runtime import bf16_pays_off, matmul_gflops
 from egbert.training.trainer import Trainer
@@ -224,6 +228,27 @@ def test_progress_is_the_larger_of_the_budget_and_the_steps_done(tmp_path):
     assert run_progress(args, 80, 30.0, 100) == pytest.approx(0.8)  # 80 steps of 100
     assert [batches_per_step(args, 0, seconds, 100) for seconds in (0, 60, 120)] == [1, 2, 3]
     assert batches_per_step(args, 100, 0.0, 100) == 3
+    assert batches_per_step(args, 0, 240.0, 100) == 3  # past the budget: the ramp's end
+    assert accumulation_text(args) == "1 to 3 accumulation (batch ramp)"
+
+
+def test_a_budget_runs_the_schedule_in_seconds_with_its_warmup_share(tmp_path):
+    """A 2-minute budget with a quarter of it as warmup (30 s) and 100 steps: 15 s in is half
+    the warmup; 60 steps done is 60% of the run, whatever the clock says (linear: 1 - 0.6 / 0.75
+    of the way after warmup)."""
+    args = TrainingArguments(
+        output_dir=str(tmp_path), budget_minutes=2, max_steps=100, warmup_steps=0.25
+    )
+    warmup = warmup_length(args, 100)
+    assert warmup == pytest.approx(30.0)
+    assert lr_multiplier(args, 0, 15.0, 100, warmup, None) == pytest.approx(0.5, rel=1e-9)
+    after = (0.6 * 120 - 30) / (120 - 30)
+    assert lr_multiplier(args, 60, 15.0, 100, warmup, None) == pytest.approx(1 - after, rel=1e-9)
+
+
+def test_a_run_without_a_length_is_one_epoch(tmp_path):
+    assert total_steps(TrainingArguments(output_dir=str(tmp_path)), 7) == 7
+    assert total_steps(TrainingArguments(output_dir=str(tmp_path), epochs=3), 7) == 21
 
 
 def test_noam_rule():
