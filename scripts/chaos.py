@@ -65,8 +65,8 @@ def child_env() -> dict[str, str]:
     }
 
 
-def egbert_command(job: str, argv: list[str]) -> list[str]:
-    return [sys.executable, "-m", "egbert.cli", job, *argv]
+def egbert_command(job: str, argv: list[str], python: str = sys.executable) -> list[str]:
+    return [python, "-m", "egbert.cli", job, *argv]
 
 
 def pretrain_argv(
@@ -155,8 +155,10 @@ def interrupt(
     mode: str,
     signals: tuple[int, ...] = (signal.SIGKILL,),
     steps_ahead: int = 4,
+    popen: Callable[..., subprocess.Popen] = subprocess.Popen,
 ) -> Kill | None:
-    """Start the run, send `signals` at a moment chosen by `mode`, wait for it to end.
+    """Start the run (through `popen`), send `signals` at a moment chosen by `mode`, wait for it
+    to end.
 
     step: `1..steps_ahead` steps after the newest checkpoint plus up to 50 ms; save: as soon as
     a checkpoint is being written; startup: at a random time before training starts.
@@ -165,9 +167,7 @@ def interrupt(
     resumed_from = newest_checkpoint(out)
     with log.open("wb") as output:
         started = time.monotonic()
-        process = subprocess.Popen(
-            command, stdout=output, stderr=subprocess.STDOUT, env=child_env()
-        )
+        process = popen(command, stdout=output, stderr=subprocess.STDOUT, env=child_env())
         try:
             if not _reach_moment(process, out, log, rng, mode, resumed_from, steps_ahead):
                 process.wait()

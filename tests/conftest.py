@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_python as warm
 from accelerate.state import AcceleratorState, GradientState
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -122,6 +124,30 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(paths)}
 
 
+@pytest.fixture(scope="session")
+def warm_python() -> Iterator[Callable[[dict[str, str]], str]]:
+    """`warm_python(env)`: the interpreter to start instead of sys.executable where a test runs
+    a command in a process of its own under `env`, to signal, kill or watch it, and does not test
+    a fresh interpreter's own state (hash seed, imports): a fork of a process that imported
+    egbert once (tests/warm_python.py), so that each command starts in a tenth of a second."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="egbert-warm-"))  # a socket's path is short
+    zygotes = []
+
+    def executable_for(env: dict[str, str]) -> str:
+        executable, zygote = warm.start(env, folder)
+        if zygote is not None:
+            zygotes.append(zygote)
+        return str(executable)
+
+    yield executable_for
+    for zygote in zygotes:
+        zygote.kill()
+        zygote.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """torch's intra-op threads at `count` inside, the caller's number again after."""
@@ -198,7 +224,7 @@ def tiny_egbert_bert_dir(
 def kill_once(command: list[str], env: dict, reached: Callable[[], bool], what: str) -> None:
     """Start `command`, SIGKILL it as soon as `reached()` (within 120 s; `what` names it for
     the failure), and check that the kill, not an exit, ended it."""
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = warm.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while not reached():
         assert process.poll() is None, process.stdout.read().decode()[-2000:]

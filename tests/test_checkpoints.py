@@ -10,7 +10,6 @@ run through it: checkpoint, resume, best-model reload and the final model.
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -177,13 +176,13 @@ SHARDED = textwrap.dedent(
 )
 
 
-def test_fsdp2_sharded_parameters_pass_the_layout_checks(tmp_path, subprocess_env):
+def test_fsdp2_sharded_parameters_pass_the_layout_checks(tmp_path, subprocess_env, warm_python):
     """FSDP2 keeps each parameter as a DTensor shard, which has no storage to compare: resuming
     an FSDP run once failed with "Attempted to access the data pointer on an invalid python
     storage". One process on the CPU (gloo; a subprocess, so that this process never joins a
     process group), which is enough to build that layout."""
     result = subprocess.run(
-        [sys.executable, "-c", SHARDED, str(tmp_path / "store")],
+        [warm_python(subprocess_env), "-c", SHARDED, str(tmp_path / "store")],
         capture_output=True,
         text=True,
         env=subprocess_env,

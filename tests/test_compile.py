@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -141,7 +140,7 @@ def test_compile_trains_saves_plain_names_and_resumes(
 
 @pytest.mark.slow
 def test_a_compiled_run_leaves_the_process_as_it_found_it(
-    tiny_egbert_bert_dir, micro_data, tmp_path, subprocess_env
+    tiny_egbert_bert_dir, micro_data, tmp_path, subprocess_env, warm_python
 ):
     """A compiled fine-tune, then an eager one in this process: torch._dynamo's settings are
     as they were before, and the eager run's weights equal those of the same run in a fresh
@@ -162,7 +161,8 @@ def test_a_compiled_run_leaves_the_process_as_it_found_it(
     assert {name: value for name, value in now.items() if value != found[name]} == {}
 
     cli_main([*argv, "--output-dir", str(tmp_path / "eager")])
-    fresh = [sys.executable, "-m", "egbert.cli", *argv, "--output-dir", str(tmp_path / "fresh")]
+    fresh = [warm_python(subprocess_env), "-m", "egbert.cli", *argv]
+    fresh += ["--output-dir", str(tmp_path / "fresh")]
     subprocess.run(fresh, env=subprocess_env, check=True, capture_output=True)
     fresh_weights = load_file(tmp_path / "fresh" / "model" / "model.safetensors")
     eager_weights = load_file(tmp_path / "eager" / "model" / "model.safetensors")

@@ -17,6 +17,7 @@ from pathlib import Path
 import accelerate.checkpointing
 import pytest
 import transformers.modeling_utils
+import warm_python as warm
 from conftest import fresh_accelerate
 from safetensors.torch import load_file
 
@@ -78,7 +79,8 @@ def assert_same_final_model(clean: Path, resumed: Path, weights="model/model.saf
 def interrupt_until_mid_save(command, out: Path, logs: Path, rng: random.Random) -> None:
     """SIGKILL as soon as a checkpoint is being written (again if the write won the race)."""
     for attempt in range(3):
-        kill = chaos.interrupt(command, out, logs / f"save-{attempt}.log", rng, "save")
+        log = logs / f"save-{attempt}.log"
+        kill = chaos.interrupt(command, out, log, rng, "save", popen=warm.Popen)
         assert kill is not None and kill.returncode == -signal.SIGKILL, kill
         if kill.mid_save:
             return
@@ -86,21 +88,24 @@ def interrupt_until_mid_save(command, out: Path, logs: Path, rng: random.Random)
 
 
 @pytest.mark.slow
-def test_pretrain_survives_kills_and_signals(clean_pretrain, tiny_tokenizer_dir, corpus, tmp_path):
+def test_pretrain_survives_kills_and_signals(
+    clean_pretrain, tiny_tokenizer_dir, corpus, tmp_path, warm_python
+):
     """SIGKILL at a random step, SIGKILL mid-save, SIGTERM (the half-written checkpoint cleaned
     up, a checkpoint, exit 0), SIGINT twice (exit at once); resumed after each, it ends where
     the clean run ends."""
     out, logs, rng = tmp_path / "run", tmp_path / "logs", random.Random(8)
     logs.mkdir()
-    command = chaos.egbert_command("pretrain", pretrain_argv(tiny_tokenizer_dir, corpus, out))
+    argv = pretrain_argv(tiny_tokenizer_dir, corpus, out)
+    command = chaos.egbert_command("pretrain", argv, warm_python(chaos.child_env()))
 
-    kill = chaos.interrupt(command, out, logs / "kill-1.log", rng, "step")
+    kill = chaos.interrupt(command, out, logs / "kill-1.log", rng, "step", popen=warm.Popen)
     assert kill is not None and kill.returncode == -signal.SIGKILL
     interrupt_until_mid_save(command, out, logs, rng)
     assert list((out / "checkpoints").glob(".tmp-step-*")), "the half-written checkpoint"
 
     log = logs / "sigterm.log"
-    term = chaos.interrupt(command, out, log, rng, "step", signals=(signal.SIGTERM,))
+    term = chaos.interrupt(command, out, log, rng, "step", (signal.SIGTERM,), popen=warm.Popen)
     assert term is not None and term.returncode == 0, chaos.tail(log)
     assert not list((out / "checkpoints").glob(".tmp-*")), "a half-written checkpoint was left"
     assert term.exit_seconds < SIGNAL_EXIT_SECONDS, term
@@ -109,7 +114,7 @@ def test_pretrain_survives_kills_and_signals(clean_pretrain, tiny_tokenizer_dir,
     assert not (out / "model").exists()  # a checkpoint, not a final model
 
     log = logs / "sigint-twice.log"
-    twice = chaos.interrupt(command, out, log, rng, "step", signals=(signal.SIGINT,) * 2)
+    twice = chaos.interrupt(command, out, log, rng, "step", (signal.SIGINT,) * 2, popen=warm.Popen)
     assert twice is not None and twice.returncode == 128 + signal.SIGINT, chaos.tail(log)
     assert twice.exit_seconds < 3.0, twice  # the second signal: at once
     assert "second signal, exiting now" in log.read_text()
@@ -149,21 +154,21 @@ def finetune_argv(inputs: dict[str, Path], out: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_finetune_survives_kills_and_sigint(finetune_inputs, tmp_path):
+def test_finetune_survives_kills_and_sigint(finetune_inputs, tmp_path, warm_python):
     """SIGKILL mid-save and SIGINT (checkpoint, exit 0), then resume: the best model and the dev
     scores equal the uninterrupted run's (a SIGKILL at a random step: pretrain's test, above)."""
     # The uninterrupted run as a process of its own, like the interrupted ones (in this
     # process its weights ended 1.4e-3 from theirs after 16 steps)
-    clean = tmp_path / "clean"
-    command = chaos.egbert_command("finetune", finetune_argv(finetune_inputs, clean))
+    clean, python = tmp_path / "clean", warm_python(chaos.child_env())
+    command = chaos.egbert_command("finetune", finetune_argv(finetune_inputs, clean), python)
     chaos.run_to_the_end(command, tmp_path / "clean.log")
 
     out, logs, rng = tmp_path / "run", tmp_path / "logs", random.Random(3)
     logs.mkdir()
-    command = chaos.egbert_command("finetune", finetune_argv(finetune_inputs, out))
+    command = chaos.egbert_command("finetune", finetune_argv(finetune_inputs, out), python)
     interrupt_until_mid_save(command, out, logs, rng)
     log = logs / "sigint.log"
-    stop = chaos.interrupt(command, out, log, rng, "step", signals=(signal.SIGINT,), steps_ahead=3)
+    stop = chaos.interrupt(command, out, log, rng, "step", (signal.SIGINT,), 3, popen=warm.Popen)
     assert stop is not None and stop.returncode == 0, chaos.tail(log)
     assert stop.exit_seconds < SIGNAL_EXIT_SECONDS and stop.checkpoint == stop.step, stop
     assert not (out / "eval_results.json").exists()

@@ -32,9 +32,11 @@ gpu_perf_summary = script_module("gpu_perf_summary")
 resume_check = script_module("resume_check")
 
 
-def run_script(argv: list[str], env: dict[str, str], logs: Path) -> None:
-    """Run a script of scripts/ on the CPU; on failure, show the ends of its logs."""
-    env = {**env, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
+def run_script(argv: list[str], env: dict[str, str], logs: Path, warm_python) -> None:
+    """Run a script of scripts/ on the CPU, its Python commands on the warm interpreter; on
+    failure, show the ends of its logs."""
+    env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+    env["PYTHON"] = warm_python(env)
     result = subprocess.run(
         ["bash", *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
     )
@@ -52,12 +54,13 @@ def table_line(text: str, start: str) -> list[str]:
 
 @pytest.mark.slow
 def test_gpu_check_without_suite_and_quickstart_kills_and_resumes(
-    tmp_path, subprocess_env, data_dir
+    tmp_path, subprocess_env, data_dir, warm_python
 ):
     out = tmp_path / "check"
     env = {**subprocess_env, "EGBERT_DATA": str(data_dir)}
     env |= {"GPU_CHECK_ALLOW_CPU": "1", "GPU_CHECK_TINY": "1"}
-    run_script(["scripts/gpu_check.sh", "--no-suite", "--no-quickstart", str(out)], env, out)
+    argv = ["scripts/gpu_check.sh", "--no-suite", "--no-quickstart", str(out)]
+    run_script(argv, env, out, warm_python)
     summary = (out / "summary.md").read_text()
     assert table_line(summary, "| test suite |")[1:] == ["skipped", "--no-suite"]
     assert table_line(summary, "| quickstart")[1] == "skipped"
@@ -72,7 +75,9 @@ def test_gpu_check_without_suite_and_quickstart_kills_and_resumes(
 
 
 @pytest.mark.slow
-def test_gpu_perf_tiny_fills_every_row(tmp_path, subprocess_env, data_dir, tiny_tokenizer_dir):
+def test_gpu_perf_tiny_fills_every_row(
+    tmp_path, subprocess_env, data_dir, tiny_tokenizer_dir, warm_python
+):
     out = tmp_path / "perf"
     env = {**subprocess_env, "EGBERT_DATA": str(data_dir)}
     # the suite's tokenizer: training one is a process of its own (`egbert tokenizer train` is
@@ -82,7 +87,7 @@ def test_gpu_perf_tiny_fills_every_row(tmp_path, subprocess_env, data_dir, tiny_
         "GPU_PERF_COMPILE": "0",
         "GPU_PERF_TOKENIZER": str(tiny_tokenizer_dir),
     }
-    run_script(["scripts/gpu_perf.sh", str(out)], env, out)
+    run_script(["scripts/gpu_perf.sh", str(out)], env, out, warm_python)
     summary = (out / "summary.md").read_text()
     assert not (out / "tokenizer").exists()  # the one given was used
     for row in ("gpt seq 64", "bert NSP seq 128", "elmo seq 64"):

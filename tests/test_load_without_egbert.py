@@ -313,11 +313,11 @@ def test_with_egbert_imported_the_folder_s_code_is_never_run(loaded) -> None:
 
 
 def test_a_model_sharded_with_fsdp2_saves_the_same_folder(
-    tmp_path: Path, subprocess_env: dict[str, str]
+    tmp_path: Path, subprocess_env: dict[str, str], warm_python
 ) -> None:
     (tmp_path / "saver.py").write_text(FSDP2_SAVER, encoding="utf-8")
     subprocess.run(
-        [sys.executable, str(tmp_path / "saver.py"), str(tmp_path)],
+        [warm_python(subprocess_env), str(tmp_path / "saver.py"), str(tmp_path)],
         check=True,
         env=subprocess_env,
     )

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -308,7 +307,7 @@ def test_pretrain_takes_the_sequence_length_of_its_data_folder(small_folder, tmp
 
 @pytest.mark.slow
 def test_sigkill_then_resume_from_a_folder_equals_a_clean_run(
-    corpus, tiny_tokenizer_dir, tmp_path, subprocess_env, capsys
+    corpus, tiny_tokenizer_dir, tmp_path, subprocess_env, warm_python, capsys
 ):
     """bert with NSP and dynamic masking from a prepared folder: killed after a checkpoint in
     epoch 1 and resumed, it ends with the clean run's weights; a changed folder is refused."""
@@ -324,7 +323,8 @@ def test_sigkill_then_resume_from_a_folder_equals_a_clean_run(
     cli_main([*argv, "--output-dir", str(tmp_path / "clean")])
 
     out = tmp_path / "killed"
-    command = [sys.executable, "-m", "egbert.cli", *argv, "--output-dir", str(out), "--resume"]
+    python = warm_python(subprocess_env)
+    command = [python, "-m", "egbert.cli", *argv, "--output-dir", str(out), "--resume"]
     in_epoch_1 = lambda: _newest_checkpoint_epoch(out) >= 1  # noqa: E731
     kill_once(command, subprocess_env, in_epoch_1, "checkpoint in epoch 1")
     assert not (out / "model").exists()

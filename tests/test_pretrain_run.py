@@ -7,7 +7,6 @@ import contextlib
 import json
 import logging
 import math
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -312,7 +311,7 @@ def _newest_checkpoint_epoch(out: Path) -> int:
 
 @pytest.mark.slow
 def test_sigkill_in_the_second_epoch_then_resume_equals_a_clean_run(
-    corpus, tiny_tokenizer_dir, tmp_path, subprocess_env, capsys
+    corpus, tiny_tokenizer_dir, tmp_path, subprocess_env, warm_python, capsys
 ):
     """bert with dropout, NSP and dynamic masking: killed after a checkpoint in epoch 1 and
     resumed, it ends with the clean run's weights and loss (fp32 CPU, within 1e-6)."""
@@ -325,7 +324,7 @@ def test_sigkill_in_the_second_epoch_then_resume_equals_a_clean_run(
     out = tmp_path / "killed"
     argv = pretrain_argv("bert", tiny_tokenizer_dir, corpus["short"], out, *extra, "--resume")
     env = subprocess_env
-    command = [sys.executable, "-m", "egbert.cli", "pretrain", *argv]
+    command = [warm_python(env), "-m", "egbert.cli", "pretrain", *argv]
     kill_once(command, env, lambda: _newest_checkpoint_epoch(out) >= 1, "checkpoint in epoch 1")
     assert not (out / "model").exists()
 

@@ -5,7 +5,6 @@ state (bit-identical without a shuffle buffer), and the options a stream refuses
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import datasets
@@ -165,7 +164,7 @@ def _newest_step(out: Path) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "gpt"])
 def test_a_killed_streamed_run_resumes_to_the_clean_runs_weights(
-    family, short_corpus, tiny_tokenizer_dir, tmp_path, subprocess_env, capsys
+    family, short_corpus, tiny_tokenizer_dir, tmp_path, subprocess_env, warm_python, capsys
 ):
     """SIGKILL after a checkpoint in the stream's second pass, then resume: the final weights
     equal an uninterrupted run's (fp32 CPU; bert's NSP pairs and masks included)."""
@@ -182,7 +181,8 @@ def test_a_killed_streamed_run_resumes_to_the_clean_runs_weights(
     assert epochs >= 1  # the stream ran out and started again before the end
 
     out = tmp_path / "killed"
-    command = [sys.executable, "-m", "egbert.cli", "pretrain", *argv, "--output-dir", str(out)]
+    python = warm_python(subprocess_env)
+    command = [python, "-m", "egbert.cli", "pretrain", *argv, "--output-dir", str(out)]
     kill_once(command, subprocess_env, lambda: _newest_step(out) >= 8, "checkpoint at step 8")
     assert not (out / "model").exists()
     killed_at = _newest_step(out)

@@ -8,7 +8,6 @@ import math
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -50,7 +49,7 @@ def table_rows(table: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def finished_run(micro_data: Path, tmp_path_factory, subprocess_env) -> Path:
+def finished_run(micro_data: Path, tmp_path_factory, subprocess_env, warm_python) -> Path:
     """A run stopped by SIGTERM while bert pretrains (it must say so in one line and exit 0),
     then run again to the end; what the two printed is in OUTPUT (next to the run)."""
     out = tmp_path_factory.mktemp("quickstart") / "run"
@@ -58,7 +57,7 @@ def finished_run(micro_data: Path, tmp_path_factory, subprocess_env) -> Path:
     preset.write_text(yaml.safe_dump(PRESET), encoding="utf-8")
     MICRO.extend(["--preset", str(preset)])  # the other tests' runs share it
     argv = ["--data", str(micro_data), "--output-dir", str(out), *MICRO]
-    command = [sys.executable, "-m", "egbert.cli", "quickstart", *argv]
+    command = [warm_python(subprocess_env), "-m", "egbert.cli", "quickstart", *argv]
     process = subprocess.Popen(
         command, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
