@@ -21,7 +21,9 @@ What a fork does not reproduce, and where the executable runs the real interpret
   request whose values of those differ from its zygote's runs the real interpreter;
 - interpreter options other than -m, -c and a script (-u, -X, -W, -I, ...);
 - a process's own hash seed: every fork shares its zygote's. Tests that compare fresh
-  interpreters (tests/test_same_seed.py, the tokenizer's three processes) start sys.executable.
+  interpreters (tests/test_same_seed.py, the tokenizer's three processes) start sys.executable;
+- a GPU: CUDA is not fork-safe once initialized, so where an NVIDIA GPU is visible to the
+  commands, they start the real interpreter.
 
 This module imports only the standard library at its top: the executable starts in
 milliseconds."""
@@ -247,7 +249,7 @@ def _print_traceback(error: BaseException) -> None:
     frames = error.__traceback__
     while frames is not None and frames.tb_frame.f_code.co_filename == __file__:
         frames = frames.tb_next
-    sys.excepthook(type(error), error, frames)
+    sys.excepthook(type(error), error.with_traceback(frames), frames)
 
 
 def _run_main(argv: list[str], cwd: str) -> None:
@@ -332,7 +334,7 @@ def start(env: dict[str, str], folder: Path) -> tuple[Path, object | None]:
         )
         executable.chmod(0o755)
     path = socket_path(folder, env)
-    if path.exists():
+    if path.exists() or _gpu_visible(env):
         return executable, None
     log = path.with_suffix(".log")
     with log.open("w") as errors:
@@ -352,6 +354,12 @@ def start(env: dict[str, str], folder: Path) -> tuple[Path, object | None]:
         path.unlink(missing_ok=True)
         raise RuntimeError(f"warm_python: no zygote for this environment:\n{log.read_text()}")
     return executable, zygote
+
+
+def _gpu_visible(env: dict[str, str]) -> bool:
+    """An NVIDIA GPU the commands would see: CUDA is not fork-safe once initialized, and an
+    import may ask it for its devices, so these commands start the real interpreter."""
+    return Path("/dev/nvidiactl").exists() and env.get("CUDA_VISIBLE_DEVICES") != ""
 
 
 if __name__ == "__main__":
