@@ -14,6 +14,11 @@ import threading
 import pytest
 import warm_python as warm
 
+pytestmark = pytest.mark.skipif(
+    warm.gpu_visible(dict(os.environ)),
+    reason="the commands start the real interpreter where a GPU is visible",
+)
+
 REPORT = """
 import json, os, sys
 print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("PROBE"),

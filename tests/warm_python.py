@@ -334,7 +334,7 @@ def start(env: dict[str, str], folder: Path) -> tuple[Path, object | None]:
         )
         executable.chmod(0o755)
     path = socket_path(folder, env)
-    if path.exists() or _gpu_visible(env):
+    if path.exists() or gpu_visible(env):
         return executable, None
     log = path.with_suffix(".log")
     with log.open("w") as errors:
@@ -356,7 +356,7 @@ def start(env: dict[str, str], folder: Path) -> tuple[Path, object | None]:
     return executable, zygote
 
 
-def _gpu_visible(env: dict[str, str]) -> bool:
+def gpu_visible(env: dict[str, str]) -> bool:
     """An NVIDIA GPU the commands would see: CUDA is not fork-safe once initialized, and an
     import may ask it for its devices, so these commands start the real interpreter."""
     return Path("/dev/nvidiactl").exists() and env.get("CUDA_VISIBLE_DEVICES") != ""
