@@ -11,6 +11,7 @@ that batch and accumulation would.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -255,6 +256,89 @@ def test_gradient_checkpointing_trains_the_run_it_would_train_without(tmp_path):
     assert_same_weights(tmp_path / "True", tmp_path / "False", atol=1e-5)
     with pytest.raises(ConfigError, match="--gradient-checkpointing: Harness does not support it"):
         train(tmp_path / "tiny", Harness(), gradient_checkpointing=True)
+
+
+def test_gradient_checkpointing_trains_the_same_run_compiled(tmp_path):
+    """--gradient-checkpointing with --compile: the compiled tiny gpt's checkpointed run ends
+    with the weights of its compiled run without, within 1e-5, and its graph is another one (it
+    keeps another number of elements for the backward, counted by a saved-tensors hook). torch's
+    per-graph backend override makes the trainer's torch.compile aot_eager_decomp_partition:
+    inductor's graphs and partitioner (what is saved, what recomputed), without its code
+    generation. On these graphs checkpointing saves little: docs/performance.md."""
+    kept = {}
+
+    def count(tensor: torch.Tensor) -> torch.Tensor:
+        kept[checkpointing] += tensor.numel()
+        return tensor
+
+    backend = ">=0:aot_eager_decomp_partition"
+    with torch._dynamo.config.patch(debug_backend_override=backend):
+        for checkpointing in (False, True):
+            torch.manual_seed(0)
+            model, _, _ = tiny_family_model("gpt")
+            kept[checkpointing] = 0
+            with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
+                trainer = train(tmp_path / str(checkpointing), model, compile=True,
+                                gradient_checkpointing=checkpointing)  # fmt: skip
+            assert trainer.clock.compile_seconds > 0  # it compiled
+    assert kept[True] != kept[False], kept
+    assert_same_weights(tmp_path / "True", tmp_path / "False", atol=1e-5)
+
+
+SHARDED_CHECKPOINTING = """
+import json, sys, torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+sys.path.insert(0, sys.argv[2])
+from test_fit_the_gpu import tiny_family_model
+from egbert.training.trainer import enable_gradient_checkpointing
+
+torch.distributed.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0,
+                                     world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+differences, calls = {}, {}
+for family in ("bert", "gpt"):
+    gradients = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model, layer, batch = tiny_family_model(family)
+        count = []
+        layer.register_forward_pre_hook(lambda *_, count=count: count.append(1))
+        model.train()
+        if sharded:
+            enable_gradient_checkpointing(model)
+            for layer in getattr(model, family).layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        torch.manual_seed(1)
+        model(**batch).loss.backward()
+        gradients.append({name: p.grad.full_tensor() if sharded else p.grad
+                          for name, p in model.named_parameters() if p.grad is not None})
+    assert gradients[0].keys() == gradients[1].keys()
+    calls[family] = len(count)  # the sharded run's: its forward, and the recompute
+    differences[family] = max((gradients[1][n] - g).abs().max().item()
+                              for n, g in gradients[0].items())
+print(json.dumps({"differences": differences, "calls": calls}))
+"""
+
+
+def test_gradient_checkpointing_in_layers_sharded_by_fsdp2_gives_the_same_gradients(
+    tmp_path, subprocess_env, warm_python
+):
+    """--gradient-checkpointing under FSDP2 (each layer and the model sharded by fully_shard,
+    as Accelerate's fsdp config does; one process on gloo, in a process of its own so that this
+    one joins no process group), dropout on: a layer runs again in the backward, and bert's and
+    gpt's gradients are those of the plain model, within 1e-5."""
+    code = [warm_python(subprocess_env), "-c", SHARDED_CHECKPOINTING]
+    arguments = [str(tmp_path / "store"), str(Path(__file__).parent)]
+    result = subprocess.run(
+        [*code, *arguments], capture_output=True, text=True, env=subprocess_env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["calls"] == {"bert": 2, "gpt": 2}
+    differences = report["differences"]
+    assert all(difference <= 1e-5 for difference in differences.values()), differences
 
 
 # ---------------------------------------------------------------- --auto-find-batch-size

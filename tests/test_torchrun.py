@@ -68,9 +68,16 @@ def launch(
     tiny_bert = {"model": str(tiny_egbert_bert_dir), "data_dir": str(micro_data / "glue")}
     stream = {**PRETRAIN, **text, "train_files": halves, "streaming": True, "max_steps": 5}
     stream |= {"save_every": 3}
+    # dropout on (the gpt recipe's is off): the recompute must draw the forward's masks again
+    dropout = {
+        **files,
+        "config_overrides": "hidden_dropout_prob=0.1,attention_probs_dropout_prob=0.1",
+    }
     resumed = {**stream, "resume_from_checkpoint": str(root / "stream/checkpoints/step-3")}
     jobs = {
         "files": ("pretrain", files),
+        "dropout": ("pretrain", dropout),
+        "checkpointed": ("pretrain", {**dropout, "gradient_checkpointing": True}),
         "finetune": ("finetune", {**FINETUNE, **tiny_bert}),
         "folder": ("pretrain", {**PRETRAIN, "data": str(root / "prepared")}),
         "stream": ("pretrain", stream),
@@ -117,6 +124,16 @@ def test_pretrain_on_two_processes_equals_one_with_the_double_batch(launch, tmp_
     assert train_losses(two) == pytest.approx(train_losses(one), abs=1e-5)
     assert_same_weights(one / "model", two / "model")
     assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["step-2", "step-4"]
+
+
+def test_gradient_checkpointing_on_two_processes_trains_what_they_train_without(launch):
+    """--gradient-checkpointing under DDP (two processes, gloo; non-reentrant checkpoints
+    beside DDP's gradient hooks), dropout on: the losses and weights of the same run without
+    it, to 1e-5."""
+    plain, checkpointed = launch["root"] / "dropout", launch["root"] / "checkpointed"
+    assert_trained_once_on_two_processes(checkpointed)
+    assert train_losses(checkpointed) == pytest.approx(train_losses(plain), abs=1e-5)
+    assert_same_weights(plain / "model", checkpointed / "model")
 
 
 def test_finetune_on_two_processes_equals_one_with_the_double_batch(launch, tmp_path):
