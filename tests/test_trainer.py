@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from accelerate.state import AcceleratorState
 from option_coverage import proves
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_model
 from torch import nn
 
 from egbert.config import TrainingArguments
@@ -494,8 +494,11 @@ def test_best_checkpoint_is_kept_by_metric(tmp_path):
 
 
 # (the metric's name, its value at steps 1, 2, 3, the step a best model keeps): a loss,
-# perplexity or error, whatever its prefix, is better lower; any other metric higher.
+# perplexity or error, whatever its prefix, is better lower; any other metric higher; of equal
+# values the first is kept.
 BEST_BY_NAME = [
+    ("loss", [2.0, 2.0, 3.0], 1),
+    ("score", [0.5, 0.5, 0.4], 1),
     ("loss", [3.0, 2.0, 2.5], 2),
     ("mlm_loss", [3.0, 2.0, 2.5], 2),
     ("eval_forward_perplexity", [90.0, 70.0, 80.0], 2),
@@ -519,6 +522,35 @@ def best_step_of(args: TrainingArguments, values: list[float]) -> int | None:
 def test_the_best_model_is_the_lowest_loss_and_the_highest_of_other_metrics(name, values, best):
     args = TrainingArguments(output_dir="out", metric_for_best_model=name)
     assert best_step_of(args, values) == best
+
+
+def test_the_best_model_folder_holds_its_extras_and_loads_onto_ddp_s_cpu_device(tmp_path):
+    """BestModel's contract: nothing kept before a first evaluation; an unknown metric names
+    those there are; the folder gets the run's extras (the tokenizer, in a run); the weights load
+    back onto DDP's torch.device("cpu", 0), which safetensors takes only as "cpu"."""
+    args = TrainingArguments(output_dir=str(tmp_path), metric_for_best_model="accuracy")
+    model = nn.Linear(2, 2)
+
+    def save(folder: Path, write_extras) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        save_model(model, str(folder / "model.safetensors"))
+        write_extras(folder)
+
+    extras = lambda folder: (folder / "extra.txt").write_text("written")  # noqa: E731
+    best, state = BestModel(args, tmp_path / "best", save, extras), TrainerState()
+    assert not best.kept(state)
+    message = "--metric-for-best-model 'accuracy' is not an eval metric; choose from loss, score"
+    with pytest.raises(ConfigError) as refused:
+        best.track({"loss": 1.0, "score": 0.5}, state)
+    assert str(refused.value) == message
+    assert not best.kept(state)
+    best.track({"accuracy": 0.5}, state)
+    assert best.kept(state) and (tmp_path / "best" / "extra.txt").read_text() == "written"
+    trained = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.zero_()
+    best.load_into(model, torch.device("cpu", 0))
+    torch.testing.assert_close(model.weight.detach(), trained, rtol=0, atol=0)
 
 
 def test_finetune_keeps_the_lowest_loss_and_the_highest_score_by_its_recipe():
