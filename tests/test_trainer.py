@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from option_coverage import proves
 from safetensors.torch import load_file, save_model
@@ -35,7 +36,7 @@ from egbert.finetune.run import parse_finetune_args
 from egbert.pretrain.collators import MLMCollator
 from egbert.tokenizer import load_tokenizer
 from egbert.training.checkpoints import TrainerState
-from egbert.training.model_saving import BestModel
+from egbert.training.model_saving import BestModel, save_model_folder
 from egbert.training.optimization import (
     accumulation_text,
     batches_per_step,
@@ -611,6 +612,20 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     state = json.loads((checkpoints / "step-2/trainer_state.json").read_text())
     assert state["step"] == 2
     assert load_file(checkpoints / "step-2/model.safetensors")["head.weight"].shape == (VOCAB, 16)
+
+
+def test_a_model_folder_left_half_written_by_a_kill_is_not_published(
+    tmp_path, one_thread_and_fresh_accelerate
+):
+    """save_model_folder on its own (a trainer also clears `.tmp-*` as it starts): a save killed
+    before it moved its folder into place left `.tmp-model`, here with another run's tokenizer;
+    the next save starts that folder afresh, so none of its files reach `model/`."""
+    stale = tmp_path / ".tmp-model"
+    stale.mkdir()
+    (stale / "tokenizer.json").write_text("{}")
+    save_model_folder(Accelerator(cpu=True), TinyLM(TinyConfig()), tmp_path / "model")
+    assert not stale.exists()
+    assert {path.name for path in (tmp_path / "model").iterdir()} == {"model.safetensors"}
 
 
 @proves("pretrain", "--resume-anyway")
