@@ -169,7 +169,8 @@ def quiet_warnings(*loggers: str) -> Iterator[None]:
     """The warnings of these loggers left unsaid, unless their verbosity was raised to info or
     more: transformers' load report (at every load: egbert's loads, of a backbone under a new
     head or a base model out of a pretraining one, expect its missing and unexpected weights)
-    and accelerate's "Removed shared tensor" (gpt's tied output weights, at every save).
+    and accelerate's "Removed shared tensor" (at every save of a plain module with tied
+    weights; egbert's models are saved untangled, one storage a tensor).
 
     A filter, not a higher level: transformers checks a model's tensor-parallel plan whenever
     modeling_utils' logger has a level of its own at WARNING or above (transformers 5.24,

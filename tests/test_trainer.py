@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import math
 import os
 import platform
@@ -615,17 +616,23 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_a_model_folder_left_half_written_by_a_kill_is_not_published(
-    tmp_path, one_thread_and_fresh_accelerate
+    tmp_path, one_thread_and_fresh_accelerate, caplog
 ):
     """save_model_folder on its own (a trainer also clears `.tmp-*` as it starts): a save killed
     before it moved its folder into place left `.tmp-model`, here with another run's tokenizer;
-    the next save starts that folder afresh, so none of its files reach `model/`."""
+    the next save starts that folder afresh, so none of its files reach `model/`. A plain
+    module's tied weights are saved once, without accelerate's "Removed shared tensor"."""
     stale = tmp_path / ".tmp-model"
     stale.mkdir()
     (stale / "tokenizer.json").write_text("{}")
-    save_model_folder(Accelerator(cpu=True), TinyLM(TinyConfig()), tmp_path / "model")
+    tied = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10))
+    tied[1].weight = tied[0].weight
+    with caplog.at_level(logging.WARNING):
+        save_model_folder(Accelerator(cpu=True), tied, tmp_path / "model")
     assert not stale.exists()
     assert {path.name for path in (tmp_path / "model").iterdir()} == {"model.safetensors"}
+    assert load_file(tmp_path / "model/model.safetensors").keys() == {"0.weight", "1.bias"}
+    assert not [record for record in caplog.records if "shared tensor" in record.getMessage()]
 
 
 @proves("pretrain", "--resume-anyway")
