@@ -620,8 +620,9 @@ def test_a_model_folder_left_half_written_by_a_kill_is_not_published(
 ):
     """save_model_folder on its own (a trainer also clears `.tmp-*` as it starts): a save killed
     before it moved its folder into place left `.tmp-model`, here with another run's tokenizer;
-    the next save starts that folder afresh, so none of its files reach `model/`. A plain
-    module's tied weights are saved once, without accelerate's "Removed shared tensor"."""
+    the next save starts that folder afresh, so none of its files reach `model/`; a save that
+    fails leaves no such folder. A plain module's tied weights are saved once, without
+    accelerate's "Removed shared tensor"."""
     stale = tmp_path / ".tmp-model"
     stale.mkdir()
     (stale / "tokenizer.json").write_text("{}")
@@ -633,6 +634,14 @@ def test_a_model_folder_left_half_written_by_a_kill_is_not_published(
     assert {path.name for path in (tmp_path / "model").iterdir()} == {"model.safetensors"}
     assert load_file(tmp_path / "model/model.safetensors").keys() == {"0.weight", "1.bias"}
     assert not [record for record in caplog.records if "shared tensor" in record.getMessage()]
+
+    def disk_full(folder: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder))
+
+    with pytest.raises(OSError):  # a save that fails leaves the model it replaces, and no temp
+        save_model_folder(Accelerator(cpu=True), tied, tmp_path / "model", disk_full)
+    assert not stale.exists()
+    assert load_file(tmp_path / "model/model.safetensors").keys() == {"0.weight", "1.bias"}
 
 
 @proves("pretrain", "--resume-anyway")
