@@ -37,7 +37,7 @@ from egbert.finetune.run import parse_finetune_args
 from egbert.pretrain.collators import MLMCollator
 from egbert.tokenizer import load_tokenizer
 from egbert.training.checkpoints import TrainerState
-from egbert.training.model_saving import BestModel, save_model_folder
+from egbert.training.model_saving import BestModel, run_model_card, save_model_folder
 from egbert.training.optimization import (
     accumulation_text,
     batches_per_step,
@@ -642,6 +642,19 @@ def test_a_model_folder_left_half_written_by_a_kill_is_not_published(
         save_model_folder(Accelerator(cpu=True), tied, tmp_path / "model", disk_full)
     assert not stale.exists()
     assert load_file(tmp_path / "model/model.safetensors").keys() == {"0.weight", "1.bias"}
+
+
+def test_the_model_card_names_the_model_and_every_option_but_the_processes(
+    one_thread_and_fresh_accelerate,
+):
+    """The final model's card: its class, and the run's options as JSON, the number of
+    processes left out (the same run on more processes is the same model)."""
+    state = TrainerState(run_config={"seq_len": 8, "num_processes": 2, "lr": 0.03})
+    model = TinyLM(TinyConfig())
+    card = str(run_model_card(None, model, "run", {"loss": 1.0}, state, Accelerator(cpu=True)))
+    assert "A `TinyLM` (" in card
+    options = card.split("## Training")[1].split("```json\n")[1].split("\n```")[0]
+    assert json.loads(options) == {"seq_len": 8, "lr": 0.03}
 
 
 @proves("pretrain", "--resume-anyway")
