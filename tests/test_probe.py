@@ -17,6 +17,7 @@ import torch
 from model_calls import assert_bf16_and_device_are_the_options, model_calls
 from option_coverage import proves
 from scipy.stats import pearsonr, spearmanr
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import RidgeCV
 from sklearn.metrics import accuracy_score
 from sklearn.pipeline import make_pipeline
@@ -26,7 +27,13 @@ from transformers import AutoModel, AutoTokenizer
 from egbert.cli import main as cli_main
 from egbert.embedding import TruncatedInputsWarning, embed, load_model
 from egbert.evaluation import run_probe
-from egbert.evaluation.probe import fit_probe, sentence_vectors, task_vectors
+from egbert.evaluation.probe import (
+    C_GRID,
+    fit_probe,
+    logistic_probe,
+    sentence_vectors,
+    task_vectors,
+)
 from egbert.finetune.metrics import compute_task_metrics
 from egbert.finetune.tasks import GLUE_TASKS, get_task, read_glue_split
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
@@ -203,6 +210,22 @@ def test_the_probe_finds_a_label_in_the_text_and_nothing_in_noise(family, family
     chance = run_probe(family_dirs[family], "sst2", noise, features="last4-concat")
     assert found["tasks"]["sst2"]["score"] > 0.9
     assert abs(chance["tasks"]["sst2"]["score"] - 0.5) < 0.13  # 150 dev examples: sd 0.04
+
+
+def test_the_logistic_probe_converges_where_the_features_nearly_separate_the_labels():
+    """The grid's weakest penalty on features that nearly separate random labels (400 examples,
+    300 columns of decaying scale, 50 of them copies, as elmo's layer 0 is [e; e]): the probe's
+    fit converges in a few dozen iterations, without a ConvergenceWarning (lbfgs took 415)."""
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((400, 300)) * np.geomspace(1, 1e-2, 300)
+    vectors = base @ rng.standard_normal((300, 250))
+    vectors = np.concatenate([vectors, vectors[:, :50]], axis=1)
+    labels = rng.integers(0, 2, 400)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        fitted = logistic_probe(max(C_GRID)).fit(vectors, labels)
+    assert fitted[-1].n_iter_.max() <= 50, fitted[-1].n_iter_
+    assert (fitted.predict(vectors) == labels).mean() > 0.95  # nearly separated, as said
 
 
 def test_ridge_follows_a_linear_score_and_not_noise():

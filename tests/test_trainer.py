@@ -647,12 +647,13 @@ def test_a_model_folder_left_half_written_by_a_kill_is_not_published(
 def test_the_model_card_names_the_model_and_every_option_but_the_processes(
     one_thread_and_fresh_accelerate,
 ):
-    """The final model's card: its class, and the run's options as JSON, the number of
-    processes left out (the same run on more processes is the same model)."""
-    state = TrainerState(run_config={"seq_len": 8, "num_processes": 2, "lr": 0.03})
+    """The final model's card: its class, how long it trained, and the run's options as JSON,
+    the number of processes left out (the same run on more processes is the same model)."""
+    state = TrainerState(run_config={"seq_len": 8, "num_processes": 2, "lr": 0.03}, step=6)
     model = TinyLM(TinyConfig())
     card = str(run_model_card(None, model, "run", {"loss": 1.0}, state, Accelerator(cpu=True)))
     assert "A `TinyLM` (" in card
+    assert "\n6 optimizer steps, 0 full epochs, 0 tokens, 0.0 minutes of training on 1 " in card
     options = card.split("## Training")[1].split("```json\n")[1].split("\n```")[0]
     assert json.loads(options) == {"seq_len": 8, "lr": 0.03}
 
