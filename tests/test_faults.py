@@ -7,6 +7,7 @@ runs the same with many more kills."""
 from __future__ import annotations
 
 import errno
+import functools
 import importlib.util
 import json
 import random
@@ -30,6 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("egbert_chaos", REPO / "scripts" / "chaos.py")
 chaos = sys.modules["egbert_chaos"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(chaos)
+# every run killed here goes through the warm interpreter: wait() returns once its command ended
+interrupt = functools.partial(chaos.interrupt, popen=warm.Popen)
 
 PRETRAIN_STEPS, FINETUNE_EPOCHS, SAVE_EVERY = 30, 4, 3
 SIGNAL_EXIT_SECONDS = 10.0  # "within seconds": a tiny step and a checkpoint, on a busy machine
@@ -79,8 +82,7 @@ def assert_same_final_model(clean: Path, resumed: Path, weights="model/model.saf
 def interrupt_until_mid_save(command, out: Path, logs: Path, rng: random.Random) -> None:
     """SIGKILL as soon as a checkpoint is being written (again if the write won the race)."""
     for attempt in range(3):
-        log = logs / f"save-{attempt}.log"
-        kill = chaos.interrupt(command, out, log, rng, "save", popen=warm.Popen)
+        kill = interrupt(command, out, logs / f"save-{attempt}.log", rng, "save")
         assert kill is not None and kill.returncode == -signal.SIGKILL, kill
         if kill.mid_save:
             return
@@ -99,13 +101,13 @@ def test_pretrain_survives_kills_and_signals(
     argv = pretrain_argv(tiny_tokenizer_dir, corpus, out)
     command = chaos.egbert_command("pretrain", argv, warm_python(chaos.child_env()))
 
-    kill = chaos.interrupt(command, out, logs / "kill-1.log", rng, "step", popen=warm.Popen)
+    kill = interrupt(command, out, logs / "kill-1.log", rng, "step")
     assert kill is not None and kill.returncode == -signal.SIGKILL
     interrupt_until_mid_save(command, out, logs, rng)
     assert list((out / "checkpoints").glob(".tmp-step-*")), "the half-written checkpoint"
 
     log = logs / "sigterm.log"
-    term = chaos.interrupt(command, out, log, rng, "step", (signal.SIGTERM,), popen=warm.Popen)
+    term = interrupt(command, out, log, rng, "step", signals=(signal.SIGTERM,))
     assert term is not None and term.returncode == 0, chaos.tail(log)
     assert not list((out / "checkpoints").glob(".tmp-*")), "a half-written checkpoint was left"
     assert term.exit_seconds < SIGNAL_EXIT_SECONDS, term
@@ -114,7 +116,7 @@ def test_pretrain_survives_kills_and_signals(
     assert not (out / "model").exists()  # a checkpoint, not a final model
 
     log = logs / "sigint-twice.log"
-    twice = chaos.interrupt(command, out, log, rng, "step", (signal.SIGINT,) * 2, popen=warm.Popen)
+    twice = interrupt(command, out, log, rng, "step", signals=(signal.SIGINT,) * 2)
     assert twice is not None and twice.returncode == 128 + signal.SIGINT, chaos.tail(log)
     assert twice.exit_seconds < 3.0, twice  # the second signal: at once
     assert "second signal, exiting now" in log.read_text()
@@ -168,7 +170,7 @@ def test_finetune_survives_kills_and_sigint(finetune_inputs, tmp_path, warm_pyth
     command = chaos.egbert_command("finetune", finetune_argv(finetune_inputs, out), python)
     interrupt_until_mid_save(command, out, logs, rng)
     log = logs / "sigint.log"
-    stop = chaos.interrupt(command, out, log, rng, "step", (signal.SIGINT,), 3, popen=warm.Popen)
+    stop = interrupt(command, out, log, rng, "step", signals=(signal.SIGINT,), steps_ahead=3)
     assert stop is not None and stop.returncode == 0, chaos.tail(log)
     assert stop.exit_seconds < SIGNAL_EXIT_SECONDS and stop.checkpoint == stop.step, stop
     assert not (out / "eval_results.json").exists()

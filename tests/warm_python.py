@@ -133,9 +133,8 @@ def serve(path: str) -> dict | None:
     listener.listen(64)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the watchers are reaped by the kernel
     parent = os.pidfd_open(os.getppid())
-    print("ready", flush=True)
-    sys.stdout.flush()
     sys.stderr.flush()
+    print("ready", flush=True)
     while True:
         readable, _, _ = select.select([listener, parent], [], [])
         if parent in readable:
@@ -152,10 +151,8 @@ def serve(path: str) -> dict | None:
 def _other_threads() -> list[str]:
     """The process's threads but this one, by name, but for jemalloc's background thread
     (pyarrow's allocator): jemalloc's fork handlers take its locks across a fork."""
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        if int(task) != os.getpid():  # the main thread's task id is the process's
-            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+    others = [task for task in os.listdir("/proc/self/task") if int(task) != os.getpid()]
+    names = [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in others]
     return [name for name in names if name != "jemalloc_bg_thd"]
 
 
