@@ -228,6 +228,18 @@ def test_the_logistic_probe_converges_where_the_features_nearly_separate_the_lab
     assert (fitted.predict(vectors) == labels).mean() > 0.95  # nearly separated, as said
 
 
+def test_of_equally_good_penalties_the_probe_takes_the_strongest():
+    """Labels that one column separates by a wide margin: every C of the grid scores the
+    held-out fifth perfectly, and the tie goes to the smallest C, the strongest penalty."""
+    rng = np.random.default_rng(0)
+    labels = np.tile([0, 1], 100)
+    vectors = rng.normal(size=(200, 8))
+    vectors[:, 0] = 10.0 * (2 * labels - 1)
+    probe, regularization = fit_probe(get_task("sst2"), vectors, labels, seed=0)
+    assert regularization == {"C": min(C_GRID)}
+    assert (probe.predict(vectors) == labels).all()
+
+
 def test_ridge_follows_a_linear_score_and_not_noise():
     """STS-B's probe is a ridge regression: it recovers a linear score and finds none in noise."""
     rng = np.random.default_rng(0)
