@@ -55,6 +55,8 @@ _EXPORTS = {
     "egbert.quickstart.report": ["score_table", "task_average"],
     "egbert.evaluation": ["run_probe", "run_prompt_eval"],
     "egbert.push": ["push_to_hub"],
+    "egbert.generate": ["generate_text"],
+    "egbert.models.convert": ["convert_checkpoint"],
     "egbert.tokenizer": ["train_tokenizer", "load_tokenizer"],
     "egbert.config": [
         "TrainingArguments",

@@ -118,6 +118,14 @@ class TrainingArguments:
             "per step and the schedule stay) and go on; one process, map-style data"
         },
     )
+    group_by_length: bool = field(
+        default=False,
+        metadata={
+            "help": "batch examples of similar length together, so that batches pad less "
+            "(transformers' length-grouped order, drawn per epoch from --seed); map-style data "
+            "with input_ids; fine-tuning's recipe sets it"
+        },
+    )
     max_grad_norm: float = field(
         default=1.0, metadata={"help": "clip the gradient norm to this (0: no clipping)"}
     )

@@ -43,7 +43,7 @@ def check_sampling_options(args: Namespace) -> None:
         raise ConfigError(f"--top-p must be in (0, 1], got {args.top_p}")
 
 
-def generate(
+def generate_text(
     model_dir: str | Path,
     prompt: str,
     max_new_tokens: int = 50,

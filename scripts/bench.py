@@ -40,6 +40,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from bench_downstream import PARTS as DOWNSTREAM_PARTS
+from bench_downstream import downstream_rows, downstream_table
 from datasets import Dataset
 from torch import nn
 from transformers import BertConfig, BertForPreTraining, GPT2Config, GPT2LMHeadModel
@@ -736,6 +738,22 @@ def data_table(rows: list[dict], training_tokens_per_s: float | None) -> str:
     return "\n".join(lines)
 
 
+def run_downstream(args: argparse.Namespace) -> None:
+    """--downstream: its rows at --precision (all: fp32, and bf16 where it pays on the CPU)."""
+    if args.device != "cpu":
+        raise SystemExit("--downstream runs on the CPU only (its references' CPU paths)")
+    args.downstream_precisions = ["fp32", "bf16"] if args.precision == "all" else [args.precision]
+    if args.precision == "all" and not bf16_pays_off("cpu"):
+        args.downstream_precisions = ["fp32"]
+    print(f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads", flush=True)
+    rows = downstream_rows(args, data_folder(args.data))
+    print()
+    print(downstream_table(rows))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"downstream": rows}, handle, indent=2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["bert", "gpt", "elmo", "all"], default="all")
@@ -818,7 +836,45 @@ def build_parser() -> argparse.ArgumentParser:
         default=10,
         help="--pretrain: steps per log window; the first is left out (default: 10)",
     )
-    parser.add_argument("--json", help="also write both tables to this JSON file")
+    parser.add_argument(
+        "--downstream",
+        action="store_true",
+        help="instead of the training rows: embedding, fine-tuning and generation side by side "
+        "with sentence-transformers, transformers.Trainer and GPT2LMHeadModel "
+        "(scripts/bench_downstream.py says how each is timed)",
+    )
+    parser.add_argument(
+        "--downstream-parts",
+        nargs="+",
+        choices=list(DOWNSTREAM_PARTS),
+        default=list(DOWNSTREAM_PARTS),
+        help="--downstream: which rows (default: all three)",
+    )
+    parser.add_argument(
+        "--downstream-preset",
+        choices=available_presets("bert"),
+        default="small",
+        help="--downstream: size of the fine-tuned bert and the generating gpt (default: small)",
+    )
+    parser.add_argument(
+        "--downstream-rounds",
+        type=int,
+        default=3,
+        help="--downstream: timed rounds of embedding and generation, the best kept (default: 3)",
+    )
+    parser.add_argument(
+        "--downstream-texts",
+        type=int,
+        default=4000,
+        help="--downstream: SST-2 sentences embedded (default: 4000)",
+    )
+    parser.add_argument(
+        "--downstream-examples",
+        type=int,
+        default=4000,
+        help="--downstream: SST-2 examples fine-tuned on, one epoch (default: 4000)",
+    )
+    parser.add_argument("--json", help="also write the tables to this JSON file")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     parser.add_argument("--row-of", help=argparse.SUPPRESS)
     parser.add_argument("--peak-flops", type=float, help=argparse.SUPPRESS)
@@ -837,6 +893,9 @@ def main() -> None:
     if args.row_of:
         index, precision = args.row_of.split(":")
         print(json.dumps(timing_row(args, int(index), precision, args.compile, args.peak_flops)))
+        return
+    if args.downstream:
+        run_downstream(args)
         return
     if args.pretrain:
         if args.precision == "all":

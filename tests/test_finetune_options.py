@@ -110,7 +110,7 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
         "weight_decay": 0.2, "adam_beta1": 0.8, "adam_beta2": 0.9, "adam_epsilon": 1e-6,
         "batch_size": 4, "grad_accum": 1, "batch_ramp_to": 8, "max_steps": 6, "epochs": 2,
         "schedule": "cosine", "warmup_steps": 2.0, "bf16": False, "fp16": True,
-        "gradient_checkpointing": True, "max_grad_norm": 0.5,
+        "gradient_checkpointing": True, "group_by_length": False, "max_grad_norm": 0.5,
         "label_smoothing": 0.1, "eval_every": 2, "save_every": 3, "keep_checkpoints": 4,
         "seed": 5, "budget_minutes": 3.0, "skip_nonfinite": 2, "log_every": 1,
         "report_to": ["none"], "resume": True, "resume_anyway": True,
@@ -528,3 +528,35 @@ def test_the_trainer_gets_the_intervals_and_rules_given(tiny_egbert_bert_dir, mi
     argv = rte(tiny_egbert_bert_dir, micro_data, tmp_path / "default")
     default = build(*argv[: argv.index("--report-to")]).trainer
     assert [str(tracker) for tracker in default.accelerator.log_with] == ["tensorboard"]
+
+
+@proves("finetune", "--group-by-length")
+def test_group_by_length_batches_examples_of_similar_length(
+    tiny_egbert_bert_dir, micro_data, tmp_path
+):
+    """Fine-tuning's recipe groups its batches by length: each batch holds examples of nearly
+    one length, so they pad less than shuffled ones (--no-group-by-length); each epoch has its
+    own order, the same again when the epoch is replayed (resume)."""
+    argv = rte(tiny_egbert_bert_dir, micro_data, tmp_path / "out", "--batch-size", "2")
+    argv[argv.index("rte")] = "stsb"  # shorter than the tiny model's 64 positions, unlike RTE
+    grouped, shuffled = build(*argv).trainer, build(*argv, "--no-group-by-length").trainer
+    assert grouped.args.group_by_length and not shuffled.args.group_by_length
+
+    def batches(trainer, epoch: int) -> list[list[int]]:  # each batch's real lengths
+        trainer.train_loader.set_epoch(epoch)
+        return [b["attention_mask"].sum(1).tolist() for b in trainer.train_loader]
+
+    def padding(epoch_batches: list[list[int]]) -> int:
+        return sum(max(lengths) * len(lengths) - sum(lengths) for lengths in epoch_batches)
+
+    first, second = batches(grouped, 0), batches(grouped, 1)
+    assert sorted(sum(first, [])) == sorted(sum(batches(shuffled, 0), []))  # the same examples
+    assert first != second and batches(grouped, 0) == first
+    # transformers' order: groups of 6 examples (24 // (2 x 4)), each sorted longest first,
+    # and the longest example of all first (its place swapped with its group's first)
+    for lengths in (sum(first, []), sum(second, [])):
+        assert lengths[0] == max(lengths)
+        for start in range(0, 24, 6):
+            group = lengths[start + 1 : start + 6]
+            assert group == sorted(group, reverse=True), (start, lengths)
+    assert padding(first) < padding(batches(shuffled, 0)) / 2

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from egbert.cli import main as cli
 from egbert.errors import ConfigError
-from egbert.generate import generate
+from egbert.generate import generate_text
 from egbert.models.bert import EgbertBertConfig, EgbertBertModel
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 
@@ -136,8 +136,8 @@ def test_sampling_with_a_seed_is_reproducible(gpt_dir: Path, capsys) -> None:
     )  # fmt: skip
     continuation = tokenizer.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
     assert first.strip() == continuation.strip()
-    greedy = generate(gpt_dir, PROMPT, max_new_tokens=12, stream=False)
-    assert generate(gpt_dir, PROMPT, max_new_tokens=12, temperature=0, stream=False) == greedy
+    greedy = generate_text(gpt_dir, PROMPT, max_new_tokens=12, stream=False)
+    assert generate_text(gpt_dir, PROMPT, max_new_tokens=12, temperature=0, stream=False) == greedy
 
 
 def test_a_bert_directory_gets_a_clear_error(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_a_bert_directory_gets_a_clear_error(tmp_path: Path) -> None:
 
 def test_a_prompt_longer_than_the_positions_is_refused(gpt_dir: Path) -> None:
     with pytest.raises(ConfigError, match="max-new-tokens"):
-        generate(gpt_dir, PROMPT, max_new_tokens=64, stream=False)
+        generate_text(gpt_dir, PROMPT, max_new_tokens=64, stream=False)
 
 
 @pytest.mark.parametrize(

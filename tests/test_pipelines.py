@@ -15,7 +15,7 @@ import torch
 from transformers import AutoTokenizer, pipeline
 
 from egbert.commands.pretrain import main as pretrain_main
-from egbert.generate import generate
+from egbert.generate import generate_text
 from egbert.models.bert import EgbertBertConfig, EgbertBertForMaskedLM, EgbertBertModel
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoModel
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM, EgbertGPTModel
@@ -75,7 +75,7 @@ def test_text_generation_pipeline_gives_the_same_text_as_egbert_generate(gpt_dir
     options = dict(max_new_tokens=8, do_sample=False)
     new_text = generator(PROMPT, return_full_text=False, **options)[0]["generated_text"]
     full_text = generator(PROMPT, **options)[0]["generated_text"]
-    ours = generate(gpt_dir, PROMPT, max_new_tokens=8, stream=False)
+    ours = generate_text(gpt_dir, PROMPT, max_new_tokens=8, stream=False)
     assert new_text.strip()
     assert ours == new_text
     assert full_text == PROMPT + ours
@@ -94,8 +94,8 @@ def test_egbert_generate_remakes_an_old_folders_bert_template(
     EgbertGPTForCausalLM.from_pretrained(gpt_dir).save_pretrained(old)
     load_tokenizer(tiny_tokenizer_dir).save_pretrained(old)
     assert AutoTokenizer.from_pretrained(old)(PROMPT)["input_ids"][0] == 2  # [CLS]
-    expected = generate(gpt_dir, PROMPT, max_new_tokens=8, stream=False)
-    assert generate(old, PROMPT, max_new_tokens=8, stream=False) == expected
+    expected = generate_text(gpt_dir, PROMPT, max_new_tokens=8, stream=False)
+    assert generate_text(old, PROMPT, max_new_tokens=8, stream=False) == expected
 
 
 def test_fill_mask_pipeline_predicts_the_models_top_token(

@@ -22,6 +22,7 @@ from option_coverage import proves
 from safetensors.torch import load_file
 from test_data_options import gpt_blocks
 from transformers import AutoTokenizer
+from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from egbert.config import TrainingArguments
 from egbert.errors import CheckpointError
@@ -356,6 +357,7 @@ API_OPTIONS = [
         "model": "bert", "tokenizer": "tok", "train_files": ["a.txt"], "dupe_factor": 2,
         "validation_files": ["v.txt"], "output_dir": "out", "overwrite_output_dir": True,
         "fp16": True, "gradient_checkpointing": True, "auto_find_batch_size": True,
+        "group_by_length": True,
     },
 ]  # fmt: skip
 
@@ -392,3 +394,36 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
         }
         data |= {"output_dir": "folder", "seed": 3}
         assert prepare_arguments(**data) == parse_prepare_args(as_argv(data))
+
+
+@proves("pretrain", "--group-by-length")
+def test_group_by_length_trains_in_transformers_length_grouped_order(
+    corpus, tiny_tokenizer_dir, tmp_path
+):
+    """bert's sentence pairs are mostly filled to --seq-len, so grouping them by length saves
+    little padding; the order is still transformers' grouped one (get_length_grouped_indices)
+    under the seed, not the shuffled one."""
+    argv = ["--model", "bert", "--tokenizer", str(tiny_tokenizer_dir), "--report-to", "none"]
+    argv += ["--train-files", str(corpus["train"]), "--seq-len", "32", "--seed", "5"]
+    argv += ["--batch-size", "2", "--max-steps", "2", "--output-dir", str(tmp_path / "run")]
+
+    def trained_rows(trainer) -> list[list[int]]:
+        """The examples of epoch 0's batches, as they were before masking."""
+        trainer.train_loader.set_epoch(0)
+        rows = []
+        for batch in trainer.train_loader:
+            masked = batch["labels"] != -100
+            originals = torch.where(masked, batch["labels"], batch["input_ids"]).tolist()
+            rows += [row[: len(row) - padding(row)] for row in originals]
+        return rows
+
+    def padding(row: list[int]) -> int:  # [PAD] is id 0
+        return next((i for i, token in enumerate(reversed(row)) if token != 0), len(row))
+
+    grouped = pretraining_trainer(*parse_pretrain_args([*argv, "--group-by-length"]))
+    examples = rows(grouped.train_loader.dataset)
+    lengths = [len(example) for example in examples]
+    order = get_length_grouped_indices(lengths, 2, generator=torch.Generator().manual_seed(5))
+    assert trained_rows(grouped) == [examples[index] for index in order]
+    shuffled = pretraining_trainer(*parse_pretrain_args(argv))
+    assert trained_rows(shuffled) != trained_rows(grouped)

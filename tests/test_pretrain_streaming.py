@@ -79,6 +79,7 @@ def test_a_stream_needs_a_run_length_and_refuses_what_it_cannot_do(
         ({"max_steps": 2, "dupe_factor": 2}, "--dupe-factor makes static-masked copies"),
         ({"max_steps": 2, "num_proc": 2}, "--num-proc tokenizes a cached data set"),
         ({"max_steps": 2, "num_workers": 1}, "--num-workers 1 with a stream"),
+        ({"max_steps": 2, "group_by_length": True}, "--group-by-length needs map-style data"),
         ({"max_steps": 2, "streaming": False, "shuffle_buffer": 10}, "use it with --streaming"),
     ]
     for extra, message in refusals:

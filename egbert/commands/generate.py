@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from egbert.arguments import ArgumentParser, BooleanFlag
-from egbert.generate import check_sampling_options, generate
+from egbert.generate import check_sampling_options, generate_text
 from egbert.model_files import ALLOW_PICKLE_HELP
 
 
@@ -22,10 +22,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-p", type=float, help="sample from the smallest set with this mass")
     parser.add_argument("--seed", type=int, help="random seed for sampling")
     parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
-    parser.defaults_from(generate)
+    parser.defaults_from(generate_text)
     args = parser.parse_args(argv)
     check_sampling_options(args)
     options = vars(args)
-    # --model is generate's model_dir (its name in --print-config and --config files); every
+    # --model is generate_text's model_dir (its name in --print-config and --config files); every
     # other option is the parameter of the same name.
-    generate(options.pop("model"), **options)
+    generate_text(options.pop("model"), **options)

@@ -1,8 +1,9 @@
 """The trainer's batches: its data loaders, a streamed data set's position for resume, and what a
 batch holds that the log counts (real tokens, padded length).
 
-Map-style training data is shuffled by Accelerate's seedable sampler (epoch e's order is a
-function of seed + e, so any epoch can be replayed on resume). A streaming
+Map-style training data is shuffled by Accelerate's seedable sampler, or with --group-by-length
+in transformers' length-grouped order (either way epoch e's order is a function of seed + e, so
+any epoch can be replayed on resume). A streaming
 `datasets.IterableDataset` is split between the processes (each reads its own shards,
 `split_dataset_by_node`; no batches dispatched from rank 0), and a checkpoint keeps each process's
 position in it (`IterableDataset.state_dict()`), from which a resume goes on instead of replaying
@@ -26,7 +27,8 @@ from accelerate import Accelerator
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 from accelerate.utils.memory import should_reduce_batch_size
 from datasets.distributed import split_dataset_by_node
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from egbert.config import TrainingArguments
 from egbert.errors import ConfigError, DataError, TrainingError
@@ -61,7 +63,7 @@ def train_loader(
     device: torch.device,
 ) -> DataLoader:
     """The training batches: a map-style dataset shuffled (Accelerate's seedable sampler, once
-    prepared), a streaming one in order."""
+    prepared) or length-grouped (--group-by-length), a streaming one in order."""
     options = loader_options(args, collator, device)
     if args.batch_ramp_to is not None and args.budget_minutes is None and not args.max_steps:
         # epochs hold fewer batches per step at the start than at the end: no fixed length
@@ -75,6 +77,8 @@ def train_loader(
                 "streaming training data has no length; give --max-steps, or "
                 "--budget-minutes without --epochs"
             )
+        if args.group_by_length:
+            raise ConfigError("--group-by-length needs map-style data: drop --streaming")
         if isinstance(dataset, datasets.IterableDataset):
             if args.num_workers:
                 raise ConfigError(
@@ -86,7 +90,48 @@ def train_loader(
         return DataLoader(dataset, **options)
     if len(dataset) == 0:
         raise DataError("the training data set is empty; check the training files")
+    if args.group_by_length:
+        step = args.batch_size * args.grad_accum
+        sampler = LengthGroupedEpochs(example_lengths(dataset), step, args.seed)
+        return DataLoader(dataset, sampler=sampler, **options)
     return DataLoader(dataset, shuffle=True, **options)
+
+
+class LengthGroupedEpochs(Sampler[int]):
+    """--group-by-length: each epoch's order is transformers' length-grouped one (the Trainer's
+    train_sampling_strategy="group_by_length": shuffled, cut into groups of 50 steps' examples,
+    each sorted by length, the longest step first), shuffled by a generator seeded with
+    seed + epoch as Accelerate's seedable sampler is. Grouped by whole steps (batch x accumulation), so that
+    --auto-find-batch-size's halved batches keep the order."""
+
+    def __init__(self, lengths: list[int], step_examples: int, seed: int) -> None:
+        self.lengths, self.step_examples, self.seed = lengths, step_examples, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(
+            get_length_grouped_indices(self.lengths, self.step_examples, generator=generator)
+        )
+
+
+def example_lengths(dataset: Dataset) -> list[int]:
+    """The token count of each training example, for --group-by-length."""
+    if isinstance(dataset, datasets.Dataset) and "input_ids" in dataset.column_names:
+        return [len(ids) for ids in dataset["input_ids"]]
+    first = dataset[0]
+    if not isinstance(first, dict) or "input_ids" not in first:
+        raise ConfigError(
+            "--group-by-length sorts examples by their input_ids, which this training data "
+            "lacks; drop --group-by-length"
+        )
+    return [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
 
 
 def eval_loader(
