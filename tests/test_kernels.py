@@ -55,7 +55,8 @@ def loss_and_gradients(model, ids, labels, **forward) -> tuple[torch.Tensor, dic
     return output, gradients
 
 
-# bf16 on a CPU goes through explicit_attention, float32 through SDPA: the two must agree
+# bf16 training on a CPU goes through explicit_attention, float32 and inference through SDPA:
+# they must agree
 @pytest.mark.parametrize("is_causal", [True, False])
 def test_bf16_attention_on_a_cpu_is_written_out_and_matches_sdpa(
     is_causal: bool, monkeypatch
@@ -84,6 +85,12 @@ def test_bf16_attention_on_a_cpu_is_written_out_and_matches_sdpa(
     assert not prefers_written_out_attention(keys.float(), keys.float())
     longer = torch.zeros(1, 1, 513, 8, dtype=torch.bfloat16)
     assert not prefers_written_out_attention(longer, longer)
+    with torch.inference_mode():  # no backward to save: SDPA's forward is the faster one
+        assert not prefers_written_out_attention(keys, keys)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            inferred, _ = attention.eval()(hidden, mask)
+    assert calls == [torch.bfloat16]  # no second call: inference went through SDPA
+    torch.testing.assert_close(inferred.float(), sdpa, atol=3e-2, rtol=0)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])

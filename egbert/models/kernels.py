@@ -14,15 +14,20 @@ paths) unless another machine is named, at the mini preset (4 layers, hidden 256
   and biLM, the heads' classifier dropout. Off: `CPU_DROPOUT_MASKS = False` (`F.dropout` on
   every device).
 - `explicit_attention` / `prefers_written_out_attention`: softmax(QK^T / sqrt(d)) V as bf16
-  matmuls and a softmax, on a CPU up to 512 keys. Why: SDPA's CPU kernels compute bf16
-  attention in float32. One layer's attention, forward and backward, at 32 x 4 heads x 128 x 64:
+  matmuls and a softmax, on a CPU up to 512 keys, where gradients are computed. Why: SDPA's CPU
+  kernels compute bf16 attention in float32, and their backward is the slow part. One layer's
+  attention, forward and backward, at 32 x 4 heads x 128 x 64:
   SDPA's flash kernel 23.8 ms, its math path 16.9, written out 5.4 (causal: 22.3, 16.2, 7.3);
   at 512 keys 40.9 against 27.2 (causal level: 39.1 and 38.7); in float32 the flash kernel is
   level at 128 keys and 2.2x faster at 512, and on a GPU SDPA's fused kernels win. bf16 bert's
   step went from 296 to 243 ms (364 to 340 with dropout 0.1), gpt's from 688 to 635. Used by:
   `layers.SelfAttention`, which also calls `explicit_attention` whenever the attention weights
-  are asked for. Off: `WRITTEN_OUT_BF16_ATTENTION = False` (SDPA for every forward that does not
-  return the weights).
+  are asked for. Without gradients (inference: embedding, generation, evaluation) SDPA's forward
+  is the faster one (2-core Intel Xeon with AMX, bf16, inference mode: 64 x 12 heads x 24 x 32
+  3.1 ms against 4.9 written out, 32 x 4 x 128 x 64 2.6 against 8.0, one query over 40 keys
+  29 us against 162; forward and backward at 32 x 4 x 128 x 64: written out 20 ms, SDPA 50), so
+  it is used there. Off: `WRITTEN_OUT_BF16_ATTENTION = False` (SDPA for every forward that does
+  not return the weights).
 - `linear_cross_entropy`: the cross-entropy of a linear LM head without the (tokens, vocab)
   logits: rows labelled -100 are dropped, the rest go through the head a chunk at a time
   (`default_chunk_rows`) and each chunk's gradients are formed at once from its softmax. Why: at
@@ -84,10 +89,11 @@ class Dropout(nn.Dropout):
 
 
 def prefers_written_out_attention(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether explicit_attention beats SDPA here: bfloat16 on a CPU up to 512 keys (see above),
-    unless WRITTEN_OUT_BF16_ATTENTION is off."""
+    """Whether explicit_attention beats SDPA here: bfloat16 on a CPU up to 512 keys with
+    gradients on (see above), unless WRITTEN_OUT_BF16_ATTENTION is off."""
     return (
         WRITTEN_OUT_BF16_ATTENTION
+        and torch.is_grad_enabled()
         and query.device.type == "cpu"
         and query.dtype == torch.bfloat16
         and key.shape[-2] <= 512

@@ -101,8 +101,8 @@ class LengthGroupedEpochs(Sampler[int]):
     """--group-by-length: each epoch's order is transformers' length-grouped one (the Trainer's
     train_sampling_strategy="group_by_length": shuffled, cut into groups of 50 steps' examples,
     each sorted by length, the longest step first), shuffled by a generator seeded with
-    seed + epoch as Accelerate's seedable sampler is. Grouped by whole steps (batch x accumulation), so that
-    --auto-find-batch-size's halved batches keep the order."""
+    seed + epoch as Accelerate's seedable sampler is. Grouped by whole steps (batch x
+    accumulation), so that --auto-find-batch-size's halved batches keep the order."""
 
     def __init__(self, lengths: list[int], step_examples: int, seed: int) -> None:
         self.lengths, self.step_examples, self.seed = lengths, step_examples, seed
