@@ -1,0 +1,112 @@
+"""The step's numbers the trainer logs and keeps (egbert/training/step_numbers.py), each rule
+checked against a value worked out here: which loss parts are logged, the FLOPs per token of
+MFU, the messages of skipped steps, and the clock a finished run leaves for --replay-clock."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from transformers import BertConfig, BertForSequenceClassification
+from transformers.utils import ModelOutput
+
+from egbert.errors import ConfigError, TrainingError
+from egbert.training.step_numbers import (
+    CLOCK_FILE,
+    ReplayedClock,
+    default_flops_per_token,
+    loss_parts,
+    precision_record,
+    read_clock,
+    skip_nonfinite_step,
+    skip_overflow_step,
+    write_clock,
+)
+
+
+def test_the_log_shows_the_loss_and_each_scalar_loss_part_only():
+    outputs = ModelOutput(
+        loss=torch.tensor(2.0, dtype=torch.bfloat16, requires_grad=True),
+        mlm_loss=torch.tensor(1.5),
+        token_loss=torch.ones(3),  # a loss per token, not a scalar
+        accuracy=torch.tensor(0.5),  # a scalar that is not a loss
+    )
+    parts = loss_parts(outputs)
+    assert sorted(parts) == ["loss", "mlm_loss"]
+    assert parts["loss"].dtype == torch.float32 and not parts["loss"].requires_grad
+    assert parts["mlm_loss"].item() == 1.5
+
+
+def test_mfu_counts_a_models_own_flops_else_six_per_weight_outside_the_embeddings():
+    class Counted(nn.Module):
+        def flops_per_token(self, seq_len: int) -> float:
+            return 10.0 * seq_len
+
+    assert default_flops_per_token(Counted())(7) == 70.0
+    config = BertConfig(
+        vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=32, num_labels=3,
+    )  # fmt: skip
+    model = BertForSequenceClassification(config)
+    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    by_hand = sum(p.numel() for p in model.parameters() if id(p) not in embedding_weights)
+    assert by_hand < sum(p.numel() for p in model.parameters())
+    assert default_flops_per_token(model)(128) == 6.0 * by_hand
+    assert default_flops_per_token(nn.Linear(2, 2)) is None  # no way to count: no MFU
+
+
+def test_a_skipped_step_is_counted_and_named_until_one_too_many():
+    state = SimpleNamespace(skipped_nonfinite=0)
+    found = (math.nan, (12, 1, 3))
+    message = skip_nonfinite_step(state, found, 2)
+    assert message == (
+        "egbert: skipped a step with loss nan at step 12 (epoch 1, batch 3 of the epoch) "
+        "(1 of 2 allowed)"
+    )
+    assert skip_nonfinite_step(state, found, 2).endswith("(2 of 2 allowed)")
+    with pytest.raises(TrainingError, match=r"^the loss is nan at step 12 .* --skip-nonfinite N"):
+        skip_nonfinite_step(state, found, 2)
+    assert state.skipped_nonfinite == 3
+
+
+def test_an_fp16_overflow_is_counted_and_its_scale_logged():
+    state = SimpleNamespace(step=4, skipped_overflow=0)
+    assert precision_record(state, None) == {}  # not fp16: nothing to log
+    assert skip_overflow_step(state, 32768.0) == (
+        "egbert: fp16 gradients overflowed at step 5; update skipped, loss scale lowered to "
+        "32768 (1 skipped so far)"
+    )
+    assert precision_record(state, 32768.0) == {"loss_scale": 32768.0, "skipped_overflow": 1}
+
+
+def test_a_replayed_clock_gives_the_recorded_readings_then_refuses_to_go_on():
+    clock = ReplayedClock([1.0, 2.5, 4.0], done=1, source="runs/first")
+    cpu = torch.device("cpu")
+    assert [clock.advance(0.0, cpu, print), clock.advance(9.0, cpu, print)] == [2.5, 4.0]
+    with pytest.raises(TrainingError) as error:
+        clock.advance(0.0, cpu, print)
+    assert str(error.value) == (
+        "--replay-clock runs/first: that run ended after 3 steps and this one goes on; replay "
+        "it with that run's options, data and seed"
+    )
+
+
+def test_the_clock_is_written_only_when_every_step_has_its_reading(tmp_path):
+    readings = [0.5, 1.0, 1.5, 2.0]  # three steps trained and one skipped
+    write_clock(tmp_path, SimpleNamespace(step=3, skipped_nonfinite=1, clock_readings=readings))
+    assert json.loads((tmp_path / CLOCK_FILE).read_text()) == {"elapsed_seconds": readings}
+    assert read_clock(str(tmp_path)) == readings
+    later = tmp_path / "resumed"
+    later.mkdir()  # resumed from a checkpoint that kept no readings: the first ones are missing
+    write_clock(later, SimpleNamespace(step=5, skipped_nonfinite=0, clock_readings=readings))
+    assert not (later / CLOCK_FILE).exists()
+    with pytest.raises(ConfigError) as error:
+        read_clock(str(later))
+    assert str(error.value) == (
+        f"--replay-clock {later}: no clock.json there; pass the folder of a finished training "
+        "run (egbert writes its clock at the end of each run)"
+    )
