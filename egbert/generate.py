@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from argparse import Namespace
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ from egbert.errors import CheckpointError, ConfigError
 from egbert.model_files import load_pretrained, read_model_config
 from egbert.models.families import CAUSAL_MODEL_TYPES
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
+from egbert.training.runtime import inference_precision
 
 
 def check_generative_model(model_dir: Path) -> None:
@@ -53,11 +55,14 @@ def generate_text(
     seed: int | None = None,
     stream: bool = True,
     allow_pickle: bool = False,
+    bf16: bool = False,
+    fp16: bool = False,
 ) -> str:
     """Continue `prompt` with the gpt model in `model_dir`; temperature 0 or None means greedy.
 
     Prints the continuation as it is produced when `stream`; returns it either way. A pickle
     checkpoint (pytorch_model.bin) needs `allow_pickle` (then torch.load(weights_only=True)).
+    `bf16` (or `fp16`, for GPUs without bf16) runs the model under that autocast.
     """
     model_dir = Path(model_dir)
     check_generative_model(model_dir)
@@ -84,7 +89,8 @@ def generate_text(
     pad_token_id = tokenizer.pad_token_id
     if pad_token_id is None:
         pad_token_id = tokenizer.eos_token_id
-    with torch.no_grad():
+    precision = inference_precision(model, bf16, fp16) if bf16 or fp16 else nullcontext()
+    with torch.no_grad(), precision:
         output = model.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),

@@ -561,3 +561,30 @@ def test_cli_runs_the_model_on_the_device_given(family_dirs: dict, tmp_path: Pat
     with model_calls() as calls, pytest.raises(NotImplementedError, match="meta"):
         main([*argv, "--device", "meta"])
     assert calls[0].device == "meta"
+
+
+@proves("embed", "--bf16", "--fp16")
+def test_cli_runs_the_model_under_the_autocast_given(family_dirs: dict, tmp_path: Path):
+    """The model runs under bf16 (fp16) autocast, and the vectors, float32 still, are those of
+    the model run under torch.autocast by hand (which embed leaves on, as the probe's --bf16
+    needs); without either, in float32."""
+    texts = ["one text", "another one, longer"]
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    output = tmp_path / "v.npy"
+    argv = ["--model", str(family_dirs["bert"]), "--input", str(source), "--output", str(output)]
+    argv += ["--layers", "-1", "--combine", "none"]
+    with model_calls() as calls:
+        main(argv)
+    assert [call.autocast for call in calls] == [False]
+    model, tokenizer = load_model(family_dirs["bert"], "cpu")
+    for flag, dtype in (("--bf16", torch.bfloat16), ("--fp16", torch.float16)):
+        with model_calls() as calls:
+            main([*argv, flag])
+        assert [call.dtype for call in calls] == [dtype]
+        with torch.autocast("cpu", dtype=dtype):
+            expected = embed(model, texts, layers=(-1,), combine="none", tokenizer=tokenizer)
+        vectors = np.load(output)
+        assert vectors.dtype == np.float32 and np.array_equal(vectors, expected)
+    with pytest.raises(ConfigError, match="choose one"):
+        embed(model, texts, tokenizer=tokenizer, bf16=True, fp16=True)

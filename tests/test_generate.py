@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_calls import model_calls
 from option_coverage import proves
 from transformers import AutoTokenizer
 
@@ -111,6 +112,27 @@ def test_cli_streams_the_greedy_continuation(gpt_dir: Path, capsys) -> None:
     assert continuation.strip()
     assert out.strip() == continuation.strip()
     assert PROMPT not in out  # only the continuation is printed
+
+
+@proves("generate", "--bf16", "--fp16")
+def test_cli_generates_under_the_autocast_given(gpt_dir: Path, capsys) -> None:
+    """Every forward of the generation under bf16 (fp16) autocast, and the text that of the
+    model's own generate under torch.autocast by hand."""
+    tokenizer = AutoTokenizer.from_pretrained(gpt_dir)
+    model = EgbertGPTForCausalLM.from_pretrained(gpt_dir).eval()
+    ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    for flag, dtype in (("--bf16", torch.bfloat16), ("--fp16", torch.float16)):
+        with model_calls() as calls:
+            out = run_cli(capsys, "--model", str(gpt_dir), "--prompt", PROMPT, "--max-new-tokens",
+                          "4", flag)  # fmt: skip
+        assert len(calls) == 4 and {call.dtype for call in calls} == {dtype}
+        with torch.autocast("cpu", dtype=dtype):
+            expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4)
+        continuation = tokenizer.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
+        assert out.strip() == continuation.strip()
+    with model_calls() as calls:
+        run_cli(capsys, "--model", str(gpt_dir), "--prompt", PROMPT, "--max-new-tokens", "2")
+    assert {call.autocast for call in calls} == {False}
 
 
 @proves("generate", "--seed")

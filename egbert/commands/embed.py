@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
             output=args.output,
             device=args.device,
             allow_pickle=args.allow_pickle,
+            bf16=args.bf16,
+            fp16=args.fp16,
         )
     for warning in caught:
         print(f"egbert embed: warning: {warning.message}", file=sys.stderr)
@@ -129,6 +131,15 @@ def add_reading_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--pair-field", help="second text field of .jsonl input, for pairs")
     parser.add_argument("--encoding", default="utf-8", help="input file encoding")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument(
+        "--bf16", action=BooleanFlag, default=False, help="bf16 autocast (vectors stay float32)"
+    )
+    parser.add_argument(
+        "--fp16",
+        action=BooleanFlag,
+        default=False,
+        help="fp16 autocast, for GPUs without bf16 (T4, V100); instead of --bf16",
+    )
     parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
 
 

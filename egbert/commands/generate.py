@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, help="sample from the k likeliest")
     parser.add_argument("--top-p", type=float, help="sample from the smallest set with this mass")
     parser.add_argument("--seed", type=int, help="random seed for sampling")
+    parser.add_argument("--bf16", action=BooleanFlag, help="bf16 autocast")
+    parser.add_argument(
+        "--fp16", action=BooleanFlag, help="fp16 autocast, for GPUs without bf16; instead of --bf16"
+    )
     parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
     parser.defaults_from(generate_text)
     args = parser.parse_args(argv)

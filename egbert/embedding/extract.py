@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence, Sized
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from egbert.embedding.options import EmbedOptions, last_layers
 from egbert.embedding.vectors import TextOrPair, TokenEmbeddings, check_items, embed_items
 from egbert.embedding.writers import COUNTED_SUFFIXES, STDOUT, check_output, open_writer
 from egbert.errors import ConfigError, DataError
+from egbert.training.runtime import inference_precision
 
 CHUNK_BATCHES = 16  # with an output, this many batches are embedded and written at a time
 
@@ -44,6 +46,8 @@ def embed(
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: str | torch.device | None = None,
     allow_pickle: bool = False,
+    bf16: bool = False,
+    fp16: bool = False,
 ) -> np.ndarray | list[TokenEmbeddings] | Path:
     """Embed texts (or (a, b) pairs) with chosen layers of a model.
 
@@ -75,6 +79,8 @@ def embed(
             to stdout. A file is written to a temp file renamed at the end.
         allow_pickle: let `load_model` read a directory whose weights are a pickle
             (pytorch_model.bin, *.pt), with torch.load(weights_only=True).
+        bf16, fp16: run the model under bf16 (or fp16, for GPUs without bf16) autocast; the
+            vectors are float32 either way.
 
     Returns:
         pooled: a float32 array (inputs, dim); pool='none': one TokenEmbeddings per input, in the
@@ -93,23 +99,12 @@ def embed(
     target = None if output is None else check_output(output, pool)
     texts_or_pairs = _checked_inputs(texts_or_pairs, target)
     model, tokenizer, was_training = resolve_model(model_or_dir, tokenizer, device, allow_pickle)
+    name = str(getattr(model, "name_or_path", model_or_dir))
     try:
-        depth = model.config.num_hidden_layers
-        options = replace(options, layers=options.layers or last_layers(depth))
-        positions = resolve_layers(options.layers, depth)
-        max_length = check_lengths(model, tokenizer, options.max_length, options.stride)
-        if target is None:
-            items = check_items(list(texts_or_pairs))
-            results, truncated = embed_items(
-                model, tokenizer, items, positions, options, max_length
+        with inference_precision(model, bf16, fp16) if bf16 or fp16 else nullcontext():
+            results, count, truncated, max_length = _embed_with(
+                model, tokenizer, texts_or_pairs, options, target, name
             )
-            count = len(items)
-        else:
-            metadata = output_metadata(str(getattr(model, "name_or_path", model_or_dir)), options)
-            count, truncated = write_embeddings(
-                model, tokenizer, texts_or_pairs, positions, options, max_length, target, metadata
-            )
-            results = target
     finally:
         model.train(was_training)
     if truncated:
@@ -120,6 +115,30 @@ def embed(
             stacklevel=2,
         )
     return results
+
+
+def _embed_with(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts_or_pairs: Iterable[TextOrPair],
+    options: EmbedOptions,
+    target: Path | None,
+    model_name: str,
+) -> tuple[np.ndarray | list[TokenEmbeddings] | Path, int, int, int | None]:
+    """embed's work once the model is loaded: (results, inputs, inputs truncated, max length)."""
+    depth = model.config.num_hidden_layers
+    options = replace(options, layers=options.layers or last_layers(depth))
+    positions = resolve_layers(options.layers, depth)
+    max_length = check_lengths(model, tokenizer, options.max_length, options.stride)
+    if target is None:
+        items = check_items(list(texts_or_pairs))
+        results, truncated = embed_items(model, tokenizer, items, positions, options, max_length)
+        return results, len(items), truncated, max_length
+    metadata = output_metadata(model_name, options)
+    count, truncated = write_embeddings(
+        model, tokenizer, texts_or_pairs, positions, options, max_length, target, metadata
+    )
+    return target, count, truncated, max_length
 
 
 def _checked_inputs(

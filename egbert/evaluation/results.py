@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from egbert.errors import ConfigError, DataError
 from egbert.finetune.metrics import compute_task_metrics, task_score
 from egbert.finetune.tasks import Task
 from egbert.model_files import ALLOW_PICKLE_HELP
-from egbert.training.runtime import bf16_pays_off
+from egbert.training.runtime import inference_precision
 
 
 def check_data_dir(data_dir: str | os.PathLike) -> Path:
@@ -109,24 +108,6 @@ def print_results(command: str, table: str, output_dir: Path | None, results_fil
     print(table)
     if output_dir is not None:
         print(f"egbert {command}: wrote {output_dir / results_file}")
-
-
-@contextmanager
-def inference_precision(
-    model: torch.nn.Module, bf16: bool | None, fp16: bool = False
-) -> Iterator[bool]:
-    """fp16 autocast on the model's device if `fp16`; else bf16 autocast if `bf16`, or (None)
-    where the device runs bf16 faster than fp32; yields whether bf16 is on."""
-    device = next(model.parameters()).device.type
-    if fp16:
-        if bf16:
-            raise ConfigError("--bf16 and --fp16 are two mixed precisions: choose one")
-        with torch.autocast(device, dtype=torch.float16):
-            yield False
-        return
-    enabled = bf16_pays_off(device) if bf16 is None else bf16
-    with torch.autocast(device, dtype=torch.bfloat16, enabled=enabled):
-        yield enabled
 
 
 def evaluate_tasks(

@@ -119,6 +119,25 @@ def bf16_pays_off(device: str) -> bool:
     return matmul_gflops("cpu", torch.bfloat16) > matmul_gflops("cpu", torch.float32)
 
 
+@contextmanager
+def inference_precision(
+    model: torch.nn.Module, bf16: bool | None, fp16: bool = False
+) -> Iterator[bool]:
+    """fp16 autocast on the model's device if `fp16`; else bf16 autocast if `bf16`, or (None)
+    where the device runs bf16 faster than fp32; yields whether bf16 is on. For evaluation,
+    embedding and generation: the model as it is, its outputs in the autocast dtypes."""
+    device = next(model.parameters()).device.type
+    if fp16:
+        if bf16:
+            raise ConfigError("--bf16 and --fp16 are two mixed precisions: choose one")
+        with torch.autocast(device, dtype=torch.float16):
+            yield False
+        return
+    enabled = bf16_pays_off(device) if bf16 is None else bf16
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=enabled):
+        yield enabled
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags from /proc/cpuinfo (Linux); empty where there is none."""
