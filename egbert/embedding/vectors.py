@@ -161,20 +161,13 @@ def _forward_batches(
         yield batch, _combine_layers(outputs.hidden_states, positions, combine).float().cpu()
 
 
-def _forward_longest_first(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    windows: list[Encoding],
-    positions: list[int],
-    combine: str,
-    batch_size: int,
+def _real_token_rows(
+    batches: Iterator[tuple[list[int], torch.Tensor]], windows: list[Encoding]
 ) -> Iterator[tuple[int, torch.Tensor]]:
-    """Yield (window index, (tokens, dim) vectors) of each window's real tokens."""
-    for batch, combined in _forward_batches(
-        model, tokenizer, windows, positions, combine, batch_size
-    ):
+    """(window index, (tokens, dim) vectors of its real tokens) of each row of `batches`."""
+    for batch, combined in batches:
         for row, index in enumerate(batch):
-            yield index, combined[row, : len(windows[index].ids)]  # real tokens only
+            yield index, combined[row, : len(windows[index].ids)]
 
 
 def _pooled_batches(
@@ -322,9 +315,10 @@ def embed_items(
     done: dict[int, torch.Tensor] = {}
     results: list = [None] * len(items)
     with torch.inference_mode():
-        for window, vectors in _forward_longest_first(
+        batches = _forward_batches(
             model, tokenizer, windows, positions, options.combine, options.batch_size
-        ):
+        )
+        for window, vectors in _real_token_rows(batches, windows):
             i = owner[window]
             done[window] = vectors
             waiting[i] -= 1
