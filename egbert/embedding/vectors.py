@@ -177,25 +177,18 @@ def _pooled_batches(
     positions: list[int],
     options: EmbedOptions,
 ) -> np.ndarray:
-    """One pooled vector per window, pooled and normalized a batch at a time: for inputs of
-    one window each, what `_finish` gives input by input, without a Python step per input."""
-    results = torch.empty(0)
+    """One pooled vector per window, a batch at a time: for inputs of one window each, what
+    `_finish` gives input by input, without a Python step per input."""
+    order, pooled = [], []
     for batch, combined in _forward_batches(
         model, tokenizer, windows, positions, options.combine, options.batch_size
     ):
         lengths = torch.tensor([len(windows[index].ids) for index in batch])
-        if options.pool == "cls":
-            pooled = combined[:, 0]
-        elif options.pool == "last":
-            pooled = combined[torch.arange(len(batch)), lengths - 1]
-        else:
-            real = torch.arange(combined.shape[1]) < lengths[:, None]
-            pooled = (combined * real.unsqueeze(-1)).sum(1) / lengths[:, None]
-        if options.normalize:
-            pooled = F.normalize(pooled, dim=-1)
-        if not results.numel():
-            results = pooled.new_empty((len(windows), pooled.shape[-1]))
-        results[batch] = pooled
+        pooled.append(_pool(combined, lengths, options))
+        order.extend(batch)
+    rows = torch.cat(pooled)
+    results = torch.empty_like(rows)
+    results[order] = rows
     return results.numpy()
 
 
@@ -241,13 +234,17 @@ def _stitch_windows(windows: list[Encoding], vectors: list[torch.Tensor], step: 
     )
 
 
-def _pool(vectors: torch.Tensor, pool: str) -> torch.Tensor:
-    """(tokens, dim) over real tokens only -> (dim,)."""
-    if pool == "cls":
-        return vectors[0]
-    if pool == "last":
-        return vectors[-1]
-    return vectors.mean(0)
+def _pool(vectors: torch.Tensor, lengths: torch.Tensor, options: EmbedOptions) -> torch.Tensor:
+    """(batch, seq, dim), real tokens first, `lengths` of them a row -> (batch, dim), normalized
+    where the options say so."""
+    if options.pool == "cls":
+        pooled = vectors[:, 0]
+    elif options.pool == "last":
+        pooled = vectors[torch.arange(len(vectors)), lengths - 1]
+    else:
+        real = torch.arange(vectors.shape[1]) < lengths[:, None]
+        pooled = (vectors * real.unsqueeze(-1)).sum(1) / lengths[:, None]
+    return F.normalize(pooled, dim=-1) if options.normalize else pooled
 
 
 def _average_words(sequence: _Sequence, texts: tuple[str, ...]) -> _Sequence:
@@ -278,8 +275,7 @@ def _finish(
     sequence: _Sequence, item: TextOrPair, options: EmbedOptions
 ) -> torch.Tensor | TokenEmbeddings:
     if options.pool != "none":
-        vector = _pool(sequence.vectors, options.pool)
-        return F.normalize(vector, dim=-1) if options.normalize else vector
+        return _pool(sequence.vectors[None], torch.tensor([len(sequence.vectors)]), options)[0]
     if options.word_level:
         sequence = _average_words(sequence, (item,) if isinstance(item, str) else item)
     vectors = F.normalize(sequence.vectors, dim=-1) if options.normalize else sequence.vectors
