@@ -461,3 +461,198 @@ def test_the_probe_measures_the_ways_round_a_batch_that_does_not_fit(
     monkeypatch.setattr(throughput, "measure_step", steps_on(memory, per_example))
     measured = throughput.measure_preset(ModelOnACard(), "bert", "base", "cuda", None, memory)
     assert [(m.batch_size, m.grad_accum, m.gradient_checkpointing) for m in measured] == expected
+
+
+# ---------------------------------------------------------------- the plan's words and numbers
+# Expectations worked out by hand from the published law and the rules the module states, for
+# the breaks mutation testing found unguarded (docs/testing.md, quickstart/planner).
+
+
+def chinchilla_with_repeats(parameters: float, tokens: float, unique: float) -> float:
+    """Hoffmann et al.'s fit with Muennighoff et al.'s effective data, written out again."""
+    if tokens > unique:
+        tokens = unique * (1 + 15.4 * (1 - math.exp(-(tokens / unique - 1) / 15.4)))
+    return 1.69 + 406.4 / parameters**0.34 + 410.7 / tokens**0.28
+
+
+def test_the_measured_cpus_bert_choice_in_numbers():
+    measured = [Measurement(*row) for row in MEASURED_CPU]
+    found = planner.plan_run(
+        measured, budget_seconds=1800, spent_seconds=55.470040006999625, corpus_tokens=3_711_987,
+        work=FinetuneWork(LINES, epochs=3), **SHARES,
+    )  # fmt: skip
+    bert = found.pretraining["bert"]
+    # tiny at batch 16: 2,048 tokens in 0.0856 s (batch 32's 17,659 tokens/s is 26% slower)
+    assert (bert.batch_size, bert.seq_len) == (16, 128)
+    assert repr(bert.tokens_per_second) == "23923.9"  # to one decimal
+    assert found.pretraining["elmo"].seq_len == 64
+    # the clock ends it, not the passes: no cap of epochs, no word of stopping
+    assert bert.epochs is None and "stops after" not in bert.reason
+    assert bert.passes == round(bert.tokens / 3_711_987, 2) and bert.passes != round(
+        bert.tokens / 3_711_987, 3
+    )
+    loss = chinchilla_with_repeats(2543360, bert.tokens_per_second * bert.minutes * 60, 3_711_987)
+    assert bert.predicted_loss == pytest.approx(loss, abs=2e-3)
+    assert bert.predicted_loss == round(bert.predicted_loss, 3)
+    # no card: no preset is said to be weighed at the steps that fit one
+    assert "at the steps that fit the card" not in bert.reason
+    assert set(found.seconds) == {"before planning", "pretraining", "evaluation", "fine-tuning",
+                                  "report"}  # fmt: skip
+    # each family's pretraining minutes and its 20 s of start-up
+    minutes = sum(c.minutes for c in found.pretraining.values())
+    assert found.seconds["pretraining"] == pytest.approx(minutes * 60 + 3 * 20)
+    assert found.seconds["evaluation"] == 360 and found.seconds["report"] == 10
+
+
+def test_a_cap_of_steps_is_what_the_fine_tuning_time_counts():
+    measured = [Measurement(*row) for row in MEASURED_CPU]
+    found = planner.plan_run(
+        measured, budget_seconds=1800, spent_seconds=55.470040006999625, corpus_tokens=3_711_987,
+        work=FinetuneWork(LINES, epochs=3), **SHARES,
+    )  # fmt: skip
+    cap = found.finetuning.max_steps
+    assert cap is not None and found.finetuning.models == ("bert", "bert")
+    # two models, each task's 3 epochs of batches of 32 cut at the cap, at tiny bert's smallest
+    # measured step (0.0856 s: no fine-tuning step is planned shorter), and 8 s a run
+    steps = sum(min(math.ceil(n / 32) * 3, cap) for n in LINES.values())
+    expected = 2 * steps * 0.0856045956664578 + 12 * 8.0
+    assert found.finetuning.seconds == pytest.approx(expected)
+
+
+def test_model_names_and_the_fine_tuning_reasons_word_for_word():
+    assert planner.model_names(("bert", "bert", "gpt", "elmo")) == "bert, its twin, gpt, elmo"
+    work = FinetuneWork(GLUE, epochs=3, overhead_seconds=5.0)
+    step = {"bert": 0.1, "gpt": 0.1, "elmo": 0.1}
+    assert planner.choose_finetuning(work, step, 650).reason == (
+        "bert, its twin fine-tuned for 3 epochs, each run 790 steps at most: about 612 of the "
+        "650 s left for fine-tuning (gpt, elmo: probed only, their fine-tunes did not fit)"
+    )
+    assert planner.choose_finetuning(work, step, 4 * 385.8 + 24 * 5).reason == (
+        "bert, its twin, gpt, elmo fine-tuned for 3 epochs: about 1663 of the 1663 s left for "
+        "fine-tuning"
+    )
+    # not even 200 steps a run fit: at 200, 5 runs of 200 steps and wnli's 60, two models,
+    # 2 * 0.1 * 1,060 + 12 * 5 = 272 s, more than the 100 s there are
+    fallback = planner.choose_finetuning(work, step, 100)
+    assert (fallback.models, fallback.max_steps, fallback.seconds) == (("bert", "bert"), 200, 100)
+    assert fallback.reason == (
+        "bert and its twin, each run 200 steps at most: about 272 s, more than the 100 s left; "
+        "the runs end when the time does"
+    )
+
+
+def test_the_caps_tried_are_the_longest_run_cut_by_a_quarter_down_to_200():
+    # GLUE's longest run: sst2's 625 batches x 3 epochs; 1875 * 3 // 4 = 1406, and so on
+    assert planner.step_caps(FinetuneWork(GLUE, epochs=3)) == [
+        None, 1406, 1054, 790, 592, 444, 333, 249,
+    ]  # fmt: skip
+    # a longest run of 267 steps: 267 * 3 // 4 = 200, the least cap, still tried
+    assert planner.step_caps(FinetuneWork({"x": 267 * 32}, epochs=1)) == [None, 200]
+    assert planner.step_caps(FinetuneWork({}, epochs=3)) == [None]  # no tasks: nothing to cap
+
+
+def test_size_reason_word_for_word():
+    reason = planner.size_reason(
+        "mini", {"tiny": 5.2, "mini": 5.1, "small": 5.3}, {"tiny": True, "mini": True,
+        "small": False}, {"tiny"}, 12345.6, 99.6,
+    )  # fmt: skip
+    assert reason == (
+        "mini: predicted loss 5.10 at 12,346 tokens/s for 100 s (against tiny 5.20 (at the "
+        "steps that fit the card), small 5.30 (its fine-tuning does not fit))"
+    )
+    alone = planner.size_reason("tiny", {"tiny": 5.0}, {"tiny": True}, set(), 1000.0, 60.0)
+    assert alone == "tiny: predicted loss 5.00 at 1,000 tokens/s for 60 s"
+    plain = planner.size_reason(
+        "tiny", {"tiny": 5.0, "mini": 5.5}, {"tiny": True, "mini": True}, set(), 1000.0, 60.0
+    )
+    assert plain == "tiny: predicted loss 5.00 at 1,000 tokens/s for 60 s (against mini 5.50)"
+
+
+def test_the_reasons_of_a_preset_that_cannot_fine_tune_or_stops_early():
+    one_batch = [Measurement("bert", p, 16, 128, PARAMETERS[p], WIDTHS[p], 0.5) for p in WIDTHS]
+    by_preset = {m.preset: [m] for m in one_batch}
+    nothing_fits = dict.fromkeys(by_preset, False)
+    choice = planner.choose_preset("bert", by_preset, 600, CORPUS_TOKENS, nothing_fits)
+    assert choice.preset == "tiny"  # the smallest
+    assert choice.reason.startswith("tiny: predicted loss")
+    assert choice.reason.endswith("; no size's fine-tuning fits: the smallest")
+    bert = plan([m for m in GPU if m.preset == "tiny"], 30).pretraining["bert"]
+    assert bert.reason.startswith("tiny: predicted loss")
+    assert bert.reason.endswith("; stops after 16 passes, its time goes to fine-tuning")
+    # 16 passes of 3.75M tokens at 4M tokens/s: 15 s, a quarter of a minute, rounded down
+    assert bert.minutes == pytest.approx(0.25, abs=1e-5)
+
+
+def test_presets_past_the_card_are_named_in_the_reason():
+    steps = [
+        Measurement("bert", p, 16, 128, PARAMETERS[p], WIDTHS[p], 0.1, peak_bytes=peak)
+        for p, peak in (("tiny", 10**9), ("small", 8 * 10**9), ("base", 9 * 10**9))
+    ]
+    by_preset = {m.preset: [m] for m in steps}
+    fits = dict.fromkeys(by_preset, True)
+    choice = planner.choose_preset("bert", by_preset, 600, CORPUS_TOKENS, fits, 4e9)
+    assert choice.reason.startswith("tiny: predicted loss")
+    assert "; small, base: no step fits 90% of the card's memory" in choice.reason
+    # no card: every preset at its own best rate, none said to be held back by memory
+    plain = planner.choose_preset("bert", by_preset, 600, CORPUS_TOKENS, fits)
+    assert "(at the steps that fit the card)" not in plain.reason
+
+
+def test_time_pretraining_gives_back_goes_to_fine_tuning_that_needs_it():
+    # steps of 1 s at batch 16 (so fine-tuning cannot fit), and of 8.4M tokens/s at a batch
+    # of 65,536: 16 passes of 3.75M tokens in about 7 s, the rest of each share given back
+    found = plan(
+        [
+            Measurement(f, "tiny", batch, 128, PARAMETERS["tiny"], 128, seconds)
+            for f in ("bert", "gpt", "elmo")
+            for batch, seconds in ((16, 1.0), (65536, 1.0))
+        ],
+        30,
+    )
+    assert {c.epochs for c in found.pretraining.values()} == {16}
+    # 30 minutes less the 20 s spent before planning, the evaluation's 360 s and the report's
+    # 10 s: what pretraining does not use (its minutes and 20 s of start-up a family) is all
+    # fine-tuning's, as it needs more
+    pretraining = sum(c.minutes * 60 + 20 for c in found.pretraining.values())
+    assert found.finetuning.seconds == pytest.approx(1800 - 20 - 360 - 10 - pretraining)
+
+
+def test_memory_edges():
+    step = functools.partial(Measurement, "bert", "tiny", seq_len=128, parameters=1, hidden_size=1)
+    # a peak of exactly 90% of the card fits
+    assert planner.fits_memory(step(batch_size=16, seconds_per_step=1.0, peak_bytes=900), 1000)
+    assert planner.way_to_batch(step(batch_size=8, seconds_per_step=1.0, grad_accum=2)) == (
+        True, False,
+    )  # fmt: skip
+    assert planner.gigabytes(1_550_000_000) == "1.6 GB"
+    # a step shorter than a fine-tuning step's 1,024 tokens (32 examples of 32): those tokens
+    # at its rate, 256 tokens in 1 ms, so 4 ms
+    short = step(batch_size=4, seconds_per_step=0.001, seq_len=64)
+    assert planner.finetune_step_seconds([short]) == pytest.approx(0.004)
+    # a batch at exactly 90% of the best rate is within the tolerance, and the smaller
+    slower = step(batch_size=16, seconds_per_step=16 * 128 / 900)
+    best = step(batch_size=32, seconds_per_step=32 * 128 / 1000)
+    assert planner.chosen_batch([slower, best]) == slower
+    # the probe ran out of memory at batch 32 itself: micro-batches accumulated, none too big
+    micro = step(batch_size=16, seconds_per_step=0.5, peak_bytes=10**9, grad_accum=2)
+    assert planner.memory_note(micro, [micro], 10e9) == (
+        "; batch 32 does not fit the card's 10.0 GB: micro-batch 16 x 2 accumulation at 4,096 "
+        "tokens/s"
+    )
+
+
+def test_small_edges_of_the_lr_scale_the_sequence_and_a_spent_budget():
+    assert planner.width_scale({"bert": 256}, "other", 512) == 1.0  # no tuned width: as is
+    assert (planner.pretraining_seq_len("elmo"), planner.pretraining_seq_len("bert")) == (64, 128)
+    # two minutes: gpt's and elmo's quarter of the least pretraining (0.45 x 120 s) is less than
+    # a run's 20 s of start-up; each still trains a second, and fine-tuning gets only what the
+    # minutes' rounding down gives back
+    short = plan(CPU, 2)
+    assert short.pretraining["gpt"].minutes == short.pretraining["elmo"].minutes == 0.0166
+    assert short.finetuning.seconds < 0.1
+    # a budget spent before planning leaves no second to fine-tune in
+    spent = planner.plan_run(
+        CPU, budget_seconds=120, spent_seconds=400, corpus_tokens=CORPUS_TOKENS,
+        work=FinetuneWork(GLUE, epochs=3), **SHARES,
+    )  # fmt: skip
+    assert "more than the 0 s left" in spent.finetuning.reason
