@@ -367,3 +367,114 @@ def test_unknown_head_options_raise_a_config_error_naming_the_valid_ones(option,
 def test_an_unknown_keyword_argument_is_refused():
     with pytest.raises(TypeError, match="classifier_feature"):
         EgbertElmoForSequenceClassification(tiny_config("elmo"), classifier_feature="cls")
+
+
+# ---------------------------------------------------------------- breaks mutation testing found
+# (docs/testing.md, models/heads): each expectation from torch's own functions or written out.
+
+
+def test_a_one_token_sentence_pools_to_its_token():
+    from egbert.models.heads import masked_mean
+
+    states = torch.arange(12.0).reshape(2, 3, 2)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0]])
+    torch.testing.assert_close(masked_mean(states, mask), torch.tensor([[0.0, 1.0], [7.0, 8.0]]))
+    assert masked_mean(states.bfloat16(), mask).dtype == torch.bfloat16  # a bf16 model's own
+
+
+def test_scalar_mix_runs_on_bf16_layers_outside_autocast():
+    from egbert.models.heads import ScalarMix
+
+    mix = ScalarMix(3)
+    layers = torch.randn(3, 2, 4).to(torch.bfloat16)
+    with torch.no_grad():
+        mix.layer_weights.copy_(torch.tensor([0.0, 1.0, 2.0]))
+    weights = torch.softmax(torch.tensor([0.0, 1.0, 2.0]), dim=0).to(torch.bfloat16)
+    expected = sum(w * layer for w, layer in zip(weights, layers, strict=True))
+    torch.testing.assert_close(mix(layers).float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_problem_type_decides_regression_over_the_label_count():
+    from egbert.models.heads import is_regression
+
+    assert is_regression(tiny_config("bert", num_labels=2, problem_type="regression"))
+    one = tiny_config("bert", num_labels=1, problem_type="multi_label_classification")
+    assert not is_regression(one)
+    assert is_regression(tiny_config("bert", num_labels=1))
+
+
+def test_the_losses_of_multi_output_regression_and_multi_label_problems():
+    from egbert.models.heads import classification_loss
+
+    logits = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.0, -0.5]])
+    regression = tiny_config("bert", num_labels=3, problem_type="regression")
+    targets = torch.tensor([[1.0, 0.0, 2.0], [0.0, 1.0, 1.0]], dtype=torch.float64)
+    loss = classification_loss(logits, targets, regression)
+    assert loss.dtype == torch.float32  # the head's precision, whatever the labels'
+    torch.testing.assert_close(loss, F.mse_loss(logits, targets.float()))
+    # float multi-hot labels and no problem_type: multi-label, a sigmoid per label
+    multi_hot = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    loss = classification_loss(logits, multi_hot, tiny_config("bert", num_labels=3))
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, F.binary_cross_entropy_with_logits(logits, multi_hot.float()))
+    # the config's problem_type wins over integer labels' single-label guess
+    multi_label = tiny_config("bert", num_labels=3, problem_type="multi_label_classification")
+    as_ints = multi_hot.long()
+    torch.testing.assert_close(
+        classification_loss(logits, as_ints, multi_label),
+        F.binary_cross_entropy_with_logits(logits, multi_hot.float()),
+    )
+
+
+def test_the_unknown_keyword_message_names_the_class():
+    with pytest.raises(TypeError) as raised:
+        EgbertElmoForSequenceClassification(tiny_config("elmo"), classifier_feature="cls")
+    assert str(raised.value) == (
+        "EgbertElmoForSequenceClassification got an unknown keyword argument 'classifier_feature'"
+    )
+
+
+def test_the_head_holds_what_its_options_say():
+    cls_head = tiny_classifier("bert")
+    assert cls_head.scalar_mix is None
+    assert not any(name.startswith("scalar_mix") for name in cls_head.state_dict())
+    assert cls_head.dropout.p == cls_head.config.hidden_dropout_prob == 0.1
+    assert tiny_classifier("bert", classifier_dropout=0.3).dropout.p == 0.3
+
+
+def test_save_pretrained_writes_the_backbones_auto_map_and_passes_its_options_on(tmp_path):
+    import json
+
+    model = tiny_classifier("gpt")
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModel"].endswith(".EgbertGPTModel")
+    assert auto_map["AutoModelForSequenceClassification"].endswith(
+        ".EgbertGPTForSequenceClassification"
+    )
+    assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 1  # sharded as asked
+
+
+def test_forward_outputs_follow_the_config_and_the_arguments():
+    input_ids, attention_mask = padded_batch()
+    model = tiny_classifier("bert", classifier_features="scalar-mix")
+    with torch.no_grad():
+        plain = model(input_ids, attention_mask)
+        # the mix reads every layer, but hands them back only when asked
+        assert plain.hidden_states is None and plain.loss is None
+        asked = model(input_ids, attention_mask, output_hidden_states=True)
+        backbone = model.base_model(input_ids, attention_mask, output_hidden_states=True)
+        assert len(asked.hidden_states) == len(backbone.hidden_states) == 4
+        torch.testing.assert_close(asked.hidden_states[-1], backbone.hidden_states[-1])
+        as_tuple = model(input_ids, attention_mask, return_dict=False)
+        assert isinstance(as_tuple, tuple)
+        torch.testing.assert_close(as_tuple[0], plain.logits)
+        # token types reach BERT's embeddings
+        types = torch.ones_like(input_ids)
+        typed = model(input_ids, attention_mask, token_type_ids=types).logits
+        assert not torch.allclose(typed, plain.logits)
+    configured = tiny_classifier("bert", output_hidden_states=True)
+    configured.config.return_dict = False
+    with torch.no_grad():
+        found = configured(input_ids, attention_mask)
+    assert isinstance(found, tuple) and len(found[1]) == 4  # (logits, hidden_states)
