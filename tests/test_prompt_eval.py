@@ -17,18 +17,23 @@ from sklearn.metrics import accuracy_score
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from egbert.cli import main as cli_main
-from egbert.errors import DataError
+from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.evaluation import run_prompt_eval
 from egbert.evaluation.prompting import (
     PROMPTS,
+    EncodedPrompts,
     PromptFormat,
     calibrated_scores,
+    check_prompt_options,
     draw_demonstrations,
+    encode,
     encode_prompts,
+    encode_verbalisers,
     fitted_context,
     joined,
     label_log_likelihoods,
     load_causal_model,
+    prompt_table,
     scored_and_demonstrations,
     shot_scores,
 )
@@ -319,3 +324,200 @@ def test_the_model_runs_on_the_device_and_precision_given(gpt_dir, glue_dir):
     argv = ["prompt-eval", "--model", str(gpt_dir), "--task", "rte", "--data-dir", str(glue_dir)]
     argv += ["--max-eval-samples", "2"]
     assert_bf16_and_device_are_the_options(argv)
+
+
+# ---------------------------------------------------------------- breaks mutation testing found
+# (docs/testing.md, evaluation/prompting): expectations from the data files, written out, or
+# the command's documented words.
+
+# `egbert prompt-eval --help` at 100 columns, as a user reads it: every option, its default and
+# the words around them (a change here is a change of the command's documentation)
+PROMPT_EVAL_HELP = (
+    "usage: egbert prompt-eval [options]\n"
+    "\n"
+    "k-shot prompting of a gpt model: each dev example follows k demonstrations from "
+    "the training split, and the label whose answer words the model finds likeliest "
+    "is the prediction. Scored with GLUE's metric; nothing is trained.\n"
+    "\n"
+    "options:\n"
+    "  -h, --help            show this help message and exit\n"
+    "  --config FILE         YAML or JSON file of options (option or field names); "
+    "the command line\n"
+    "                        overrides it\n"
+    "  --print-config        print the resolved options as YAML (a file for "
+    "--config) and exit; a\n"
+    "                        comment on each line says where its value came from "
+    "(default, recipe,\n"
+    "                        config file or command line)\n"
+    "  --model DIR           the model directory, with its tokenizer\n"
+    "  --task TASK [TASK ...]\n"
+    "                        task(s) with a prompt format (sst2, cola, mrpc, rte, "
+    "qnli), or all\n"
+    "  --data-dir DIR        the GLUE folder (DIR/SST-2/train.tsv, ...)\n"
+    "  --shots SHOTS [SHOTS ...]\n"
+    "                        numbers of demonstrations, each scored separately "
+    "(default: 0)\n"
+    "  --calibrate, --no-calibrate\n"
+    "                        also report scores calibrated against a content-free "
+    '"N/A" input (default:\n'
+    "                        False)\n"
+    "  --max-eval-samples MAX_EVAL_SAMPLES\n"
+    "                        score a seeded random sample of this many dev examples "
+    "(default: all)\n"
+    "  --batch-size BATCH_SIZE\n"
+    "                        sequences per forward (default: 16)\n"
+    "  --seed SEED           random seed (default: 0)\n"
+    "  --output-dir OUTPUT_DIR\n"
+    "                        write prompt_eval_results.json here (default: print only)\n"
+    "  --device DEVICE       cpu, cuda, ... (default: cuda when available)\n"
+    "  --bf16, --no-bf16     bf16 autocast (default: where the device runs it faster "
+    "than fp32)\n"
+    "  --fp16, --no-fp16     fp16 autocast, for GPUs without bf16 (T4, V100); "
+    "instead of --bf16\n"
+    "                        (default: False)\n"
+    "  --allow-pickle, --no-allow-pickle\n"
+    "                        also load a pickle checkpoint (pytorch_model.bin, *.pt) "
+    "when the model\n"
+    "                        directory has no safetensors weights, with "
+    "torch.load(weights_only=True);\n"
+    "                        only for files you trust (default: False)\n"
+    "\n"
+    "For each k, one draw of demonstrations (balanced over the labels, seeded) "
+    "serves every example; whole demonstrations are dropped from the front when the "
+    "prompt would not fit the model's positions (the table's 'demonstrations kept' "
+    "column). QNLI has no train split in the shared data: its demonstrations come "
+    "from dev and are not scored. --calibrate divides each example's label "
+    'probabilities by those the same demonstrations give a content-free "N/A" '
+    "example (Zhao et al. 2021). Example: egbert prompt-eval --model runs/gpt-mini "
+    "--task sst2 rte --shots 0 4 16 --calibrate --max-eval-samples 500 --data-dir "
+    "data/glue\n"
+)
+
+
+def test_the_help_says_what_the_command_does(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        cli_main(["prompt-eval", "--help"])
+    assert capsys.readouterr().out == PROMPT_EVAL_HELP
+
+
+def tsv_labels(path: Path) -> list[str]:
+    with path.open(encoding="utf-8") as file:
+        return [
+            row["label"] for row in csv.DictReader(file, delimiter="\t", quoting=csv.QUOTE_NONE)
+        ]
+
+
+def test_the_results_say_how_they_were_made(gpt_dir, glue_dir, tmp_path):
+    found = run_prompt_eval(
+        gpt_dir, ["rte", "qnli"], glue_dir, shots=[0, 2], max_eval_samples=6, seed=3,
+        output_dir=tmp_path,
+    )  # fmt: skip
+    assert found["model"] == str(gpt_dir)
+    options = {k: found["options"][k] for k in ("shots", "calibrate", "max_eval_samples", "seed")}
+    assert options == {"shots": [0, 2], "calibrate": False, "max_eval_samples": 6, "seed": 3}
+    assert found["options"]["demonstrations"] == (
+        "balanced over the labels, one seeded draw per k for every example"
+    )
+    rte, qnli = found["tasks"]["rte"], found["tasks"]["qnli"]
+    assert rte["template"] == "{sentence1}\nQuestion: {sentence2} True or False?\nAnswer:"
+    assert rte["verbalisers"] == [" True", " False"]
+    # the train file's most frequent label, as an id (entailment 0, not_entailment 1)
+    labels = tsv_labels(glue_dir / "RTE" / "train.tsv")
+    most = max(set(labels), key=labels.count)
+    assert rte["majority_label"] == ["entailment", "not_entailment"].index(most)
+    assert rte["demonstrations_from"] == "train" and "note" not in rte
+    assert qnli["demonstrations_from"] == "validation" and "no qnli train file" in qnli["note"]
+    for entry in (*rte["shots"].values(), *qnli["shots"].values()):
+        seconds = entry["seconds"]
+        assert isinstance(seconds, float) and 0 <= seconds < 120 and seconds == round(seconds, 2)
+    table = prompt_table(found)
+    assert table.count("| rte | 0 |") == 1
+    row = next(line for line in table.splitlines() if line.startswith("| rte | 0 |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    majority = 100 * rte["majority_score"]
+    assert cells[4:] == [f"{100 * rte['shots']['0']['score']:.2f}", f"{majority:.2f}", "6"]
+
+
+def test_rte_draws_its_demonstrations_from_its_train_file(glue_dir):
+    dev, pool, draws, pool_split = scored_and_demonstrations(
+        get_task("rte"), glue_dir, [4], None, 0
+    )
+    assert pool_split == "train"
+    assert len(pool) == len(tsv_labels(glue_dir / "RTE" / "train.tsv"))
+    assert len(dev) == len(tsv_labels(glue_dir / "RTE" / "dev.tsv"))  # none left out
+
+
+def test_demonstrations_are_drawn_without_replacement():
+    # every example of a pool of four, two of each label: a permutation of them
+    for seed in range(20):
+        assert sorted(draw_demonstrations(np.array([0, 0, 1, 1]), 4, 2, seed)) == [0, 1, 2, 3]
+    # two of three labels: never the same label twice
+    labels = np.array([0, 0, 1, 1, 2, 2])
+    for seed in range(20):
+        picked = draw_demonstrations(labels, 2, 3, seed)
+        assert len(set(labels[picked])) == 2
+
+
+def test_a_context_that_fills_the_room_exactly_keeps_every_demonstration():
+    assert fitted_context([[1, 2], [3]], [4], 4) == ([1, 2, 3, 4], 2)
+
+
+def test_prompts_carry_no_special_tokens_and_demonstrations_their_answers(bert_dir, gpt_dir):
+    tokenizer = AutoTokenizer.from_pretrained(bert_dir)
+    ids = encode(tokenizer, ["good film"])[0]
+    assert tokenizer.cls_token_id not in ids and tokenizer.sep_token_id not in ids
+    gpt_tokenizer = AutoTokenizer.from_pretrained(gpt_dir)
+    sst2 = PROMPTS["sst2"]
+    examples = [{"sentence": "a fine film"}]
+    demonstrations = {7: ({"sentence": "dull"}, 0), 9: ({"sentence": "great"}, 1)}
+    prompts = encode_prompts(gpt_tokenizer, sst2, ["sentence"], examples, demonstrations)
+    texts = {i: gpt_tokenizer.decode(ids) for i, ids in prompts.demonstrations.items()}
+    assert texts == {
+        7: "Review: dull\nSentiment: negative\n\n",
+        9: "Review: great\nSentiment: positive\n\n",
+    }
+
+
+def test_answers_that_encode_alike_are_refused_whole(gpt_dir):
+    tokenizer = AutoTokenizer.from_pretrained(gpt_dir)
+    same = PromptFormat("{sentence}", (" good", " good"))
+    ids = tokenizer(" good", add_special_tokens=False)["input_ids"]
+    with pytest.raises(CheckpointError) as raised:
+        encode_verbalisers(tokenizer, same)
+    assert str(raised.value) == (
+        f"the model's tokenizer encodes the answers [' good', ' good'] as {[ids, ids]}: each "
+        "needs its own, non-empty tokens"
+    )
+
+
+def test_option_checks_name_the_option():
+    with pytest.raises(ConfigError) as raised:
+        check_prompt_options([], None, 1)
+    assert str(raised.value) == (
+        "--shots is empty; give one or more numbers of demonstrations, e.g. 0 4"
+    )
+    with pytest.raises(ConfigError) as raised:
+        check_prompt_options([0], None, 0)
+    assert str(raised.value) == "--batch-size must be at least 1, got 0"
+
+
+def test_run_prompt_eval_checks_its_batch_and_output_folder(gpt_dir, glue_dir, tmp_path):
+    with pytest.raises(ConfigError, match="--batch-size must be at least 1, got 0"):
+        run_prompt_eval(gpt_dir, ["rte"], glue_dir, batch_size=0)
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    with pytest.raises(Exception, match="--output-dir"):
+        run_prompt_eval(gpt_dir, ["rte"], glue_dir, output_dir=taken)
+
+
+def test_contexts_are_cut_to_the_models_positions_less_the_longest_answer(gpt):
+    model, _ = gpt
+    positions = model.config.max_position_embeddings  # 512
+    # two demonstrations of 250 and a query of 13: 513 > 511 room with one-token answers
+    prompts = EncodedPrompts(
+        verbalisers=[[5], [6]], queries=[[3] * 13], content_free=[4],
+        demonstrations={0: [1] * 250, 1: [2] * 250},
+    )  # fmt: skip
+    assert positions == 512
+    assert shot_scores(model, prompts, [0, 1], False, 4)["kept"] == [1]
