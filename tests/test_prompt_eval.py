@@ -23,6 +23,7 @@ from egbert.evaluation.prompting import (
     PROMPTS,
     EncodedPrompts,
     PromptFormat,
+    build_parser,
     calibrated_scores,
     check_prompt_options,
     draw_demonstrations,
@@ -524,3 +525,73 @@ def test_contexts_are_cut_to_the_models_positions_less_the_longest_answer(gpt):
     )  # fmt: skip
     assert positions == 512
     assert shot_scores(model, prompts, [0, 1], False, 4)["kept"] == [1]
+
+
+def test_a_wordpiece_tokenizer_adds_no_special_tokens_to_prompts(tiny_tokenizer_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    assert tokenizer("good film")["input_ids"][0] == tokenizer.cls_token_id  # it would add them
+    ids = encode(tokenizer, ["good film"])[0]
+    assert tokenizer.cls_token_id not in ids and tokenizer.sep_token_id not in ids
+
+
+def test_models_that_cannot_prompt_are_refused_whole(bert_dir, gpt_dir, tmp_path):
+    with pytest.raises(CheckpointError) as raised:
+        load_causal_model(bert_dir, "cpu", allow_pickle=False)
+    assert str(raised.value).endswith(
+        "prompt-eval scores a left-to-right language model's next-token probabilities: pass a "
+        "gpt model (egbert-gpt, gpt2)"
+    )
+    small = tmp_path / "small-vocab"
+    config = EgbertGPTConfig(
+        vocab_size=100, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=32,
+    )  # fmt: skip
+    EgbertGPTForCausalLM(config).save_pretrained(small)
+    AutoTokenizer.from_pretrained(gpt_dir).save_pretrained(small)
+    with pytest.raises(CheckpointError) as raised:
+        load_causal_model(small, "cpu", allow_pickle=False)
+    tokens = len(AutoTokenizer.from_pretrained(gpt_dir))
+    assert str(raised.value) == (
+        f"the tokenizer has {tokens} tokens but the model in {small} has vocab_size 100; use the "
+        "tokenizer the model was trained with"
+    )
+
+
+def test_allow_pickle_reaches_the_loader(gpt_dir, glue_dir, tmp_path):
+    pickled = tmp_path / "pickled"
+    model, tokenizer = load_causal_model(gpt_dir, "cpu", allow_pickle=False)
+    model.config.save_pretrained(pickled)
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")  # no safetensors beside it
+    tokenizer.save_pretrained(pickled)
+    with pytest.raises(CheckpointError, match="pass --allow-pickle"):
+        run_prompt_eval(pickled, ["rte"], glue_dir, max_eval_samples=2)
+    found = run_prompt_eval(pickled, ["rte"], glue_dir, max_eval_samples=2, allow_pickle=True)
+    assert found["tasks"]["rte"]["n_eval"] == 2
+
+
+def test_the_python_api_runs_with_the_commands_defaults(gpt_dir, glue_dir):
+    import inspect
+
+    parsed = build_parser().parse_args(
+        ["--model", str(gpt_dir), "--task", "rte", "--data-dir", str(glue_dir)]
+    )
+    defaults = inspect.signature(run_prompt_eval).parameters
+    for name in ("calibrate", "batch_size", "seed", "fp16", "allow_pickle", "max_eval_samples"):
+        assert defaults[name].default == getattr(parsed, name), name
+    # and the values --help documents
+    assert (parsed.batch_size, parsed.seed, parsed.fp16, parsed.allow_pickle) == (
+        16,
+        0,
+        False,
+        False,
+    )
+
+
+def test_an_output_dir_that_is_a_file_is_refused_by_name(gpt_dir, glue_dir, tmp_path):
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    with pytest.raises(ConfigError) as raised:
+        run_prompt_eval(gpt_dir, ["rte"], glue_dir, output_dir=taken)
+    assert str(raised.value) == (
+        f"--output-dir {taken}: {taken} is a file, not a folder; choose another --output-dir"
+    )
