@@ -166,12 +166,18 @@ def test_where_no_size_can_fine_tune_in_time_the_smallest_is_taken():
     assert "its fine-tuning does not fit" in found.pretraining["bert"].reason
 
 
-def test_the_cpu_that_ran_quickstart_gets_the_tiny_models_and_fine_tunes_bert():
-    measured = [Measurement(*row) for row in MEASURED_CPU]
-    found = planner.plan_run(
-        measured, budget_seconds=1800, spent_seconds=55.470040006999625, corpus_tokens=3_711_987,
+def measured_cpu_plan() -> planner.RunPlan:
+    """The plan for MEASURED_CPU's step times, with the budget, corpus and time before planning
+    of the quickstart that measured them."""
+    return planner.plan_run(
+        [Measurement(*row) for row in MEASURED_CPU], budget_seconds=1800,
+        spent_seconds=55.470040006999625, corpus_tokens=3_711_987,
         work=FinetuneWork(LINES, epochs=3), **SHARES,
     )  # fmt: skip
+
+
+def test_the_cpu_that_ran_quickstart_gets_the_tiny_models_and_fine_tunes_bert():
+    found = measured_cpu_plan()
     assert {c.preset for c in found.pretraining.values()} == {"tiny"}
     assert found.finetuning.models[:2] == ("bert", "bert")
     # bert's fine-tuning fits the time left to it to the last second: fitting, not the fallback
@@ -476,11 +482,7 @@ def chinchilla_with_repeats(parameters: float, tokens: float, unique: float) -> 
 
 
 def test_the_measured_cpus_bert_choice_in_numbers():
-    measured = [Measurement(*row) for row in MEASURED_CPU]
-    found = planner.plan_run(
-        measured, budget_seconds=1800, spent_seconds=55.470040006999625, corpus_tokens=3_711_987,
-        work=FinetuneWork(LINES, epochs=3), **SHARES,
-    )  # fmt: skip
+    found = measured_cpu_plan()
     bert = found.pretraining["bert"]
     # tiny at batch 16: 2,048 tokens in 0.0856 s (batch 32's 17,659 tokens/s is 26% slower)
     assert (bert.batch_size, bert.seq_len) == (16, 128)
@@ -505,11 +507,7 @@ def test_the_measured_cpus_bert_choice_in_numbers():
 
 
 def test_a_cap_of_steps_is_what_the_fine_tuning_time_counts():
-    measured = [Measurement(*row) for row in MEASURED_CPU]
-    found = planner.plan_run(
-        measured, budget_seconds=1800, spent_seconds=55.470040006999625, corpus_tokens=3_711_987,
-        work=FinetuneWork(LINES, epochs=3), **SHARES,
-    )  # fmt: skip
+    found = measured_cpu_plan()
     cap = found.finetuning.max_steps
     assert cap is not None and found.finetuning.models == ("bert", "bert")
     # two models, each task's 3 epochs of batches of 32 cut at the cap, at tiny bert's smallest
