@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from argparse import Namespace
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -14,7 +13,7 @@ from egbert.errors import CheckpointError, ConfigError
 from egbert.model_files import load_pretrained, read_model_config
 from egbert.models.families import CAUSAL_MODEL_TYPES
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
-from egbert.training.runtime import inference_precision
+from egbert.training.runtime import requested_precision
 
 
 def check_generative_model(model_dir: Path) -> None:
@@ -89,8 +88,7 @@ def generate_text(
     pad_token_id = tokenizer.pad_token_id
     if pad_token_id is None:
         pad_token_id = tokenizer.eos_token_id
-    precision = inference_precision(model, bf16, fp16) if bf16 or fp16 else nullcontext()
-    with torch.no_grad(), precision:
+    with torch.no_grad(), requested_precision(model, bf16, fp16):
         output = model.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),

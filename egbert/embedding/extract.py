@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence, Sized
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from egbert.embedding.options import EmbedOptions, last_layers
 from egbert.embedding.vectors import TextOrPair, TokenEmbeddings, check_items, embed_items
 from egbert.embedding.writers import COUNTED_SUFFIXES, STDOUT, check_output, open_writer
 from egbert.errors import ConfigError, DataError
-from egbert.training.runtime import inference_precision
+from egbert.training.runtime import requested_precision
 
 CHUNK_BATCHES = 16  # with an output, this many batches are embedded and written at a time
 
@@ -101,7 +100,7 @@ def embed(
     model, tokenizer, was_training = resolve_model(model_or_dir, tokenizer, device, allow_pickle)
     name = str(getattr(model, "name_or_path", model_or_dir))
     try:
-        with inference_precision(model, bf16, fp16) if bf16 or fp16 else nullcontext():
+        with requested_precision(model, bf16, fp16):
             results, count, truncated, max_length = _embed_with(
                 model, tokenizer, texts_or_pairs, options, target, name
             )

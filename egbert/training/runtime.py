@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,15 @@ def inference_precision(
     enabled = bf16_pays_off(device) if bf16 is None else bf16
     with torch.autocast(device, dtype=torch.bfloat16, enabled=enabled):
         yield enabled
+
+
+def requested_precision(
+    model: torch.nn.Module, bf16: bool, fp16: bool
+) -> AbstractContextManager[bool | None]:
+    """The autocast `bf16` or `fp16` asks for (inference_precision); where neither is given,
+    none of its own, so that an autocast the caller opened stays on (embed and generate, whose
+    flags mean "this precision", not "this precision or float32")."""
+    return inference_precision(model, bf16, fp16) if bf16 or fp16 else nullcontext()
 
 
 @functools.cache
