@@ -27,9 +27,17 @@ fine-tune cut short by the clock says nothing about what pretraining bought. And
 smallest sizes cannot fine-tune every model in the time left, the plan fine-tunes fewer: bert and
 its twin (the comparison the fine-tuning table is about) before gpt and elmo (both still probed),
 then fewer steps for the largest tasks: a cap on each run's steps (the schedule then ends at the
-cap, and every example can still be seen once, where a cut of the examples would drop some). The
-batch is the smallest measured one within BATCH_TOLERANCE of the preset's best rate: more
-updates for the same tokens, where the device has nothing to gain from more.
+cap, and every example can still be seen once, where a cut of the examples would drop some).
+
+The batch is the one of least time to a given loss by the model of McCandlish et al. (2018, "An
+Empirical Model of Large-Batch Training"): a batch of B examples needs (1 + B / B_noise) times the
+examples a very small batch needs for the same loss, so it takes time in proportion to
+(1 + B / B_noise) / rate(B). The noise scale B_noise is taken to be the family's recipe batch, the
+one its lr was tuned at (where the probe of step times starts). Quickstart's own runs put it that
+low: tiny bert at about 10M tokens reached an MLM loss of 4.39 at batch 16, 4.53 at 32 and
+4.63-4.72 at 64 (docs/results.md), so a larger batch pays only where it makes the device much
+faster: on two CPU cores, where a batch four times the recipe's runs 1.2-1.5x faster, never
+(it needs 2.5x); on a GPU, whose small batches leave it idle, up to where its rate levels off.
 
 On a GPU the card's memory bounds both. A step whose measured peak passes MEMORY_SHARE of the card
 is never planned as it is; the probe measures the two ways round it, the same batch with gradient
@@ -52,7 +60,6 @@ REPETITION_HALF_LIFE = 15.4  # R*_D: repeated tokens' worth decays with this man
 # Passes over the corpus past which the plan stops pretraining early (their worth is < 2% of
 # a fresh pass's by the law above) and gives the time to fine-tuning.
 USEFUL_PASSES = 16
-BATCH_TOLERANCE = 0.1  # a smaller batch within 10% of the best rate is taken: more updates
 # Positions past the fine-tuning length are never used downstream (quickstart fine-tunes at
 # 128), and attention costs grow with the length: the transformers pretrain at 128. elmo's
 # LSTMs cost the same per token at any length, so shorter blocks give more updates in the same
@@ -180,14 +187,23 @@ def best_rate(measurements: Sequence[Measurement]) -> float:
     return max(m.tokens_per_second for m in measurements)
 
 
+def noise_batch(measurements: Sequence[Measurement]) -> int:
+    """B_noise of the batch rule (module docstring): the recipe's batch, the smallest measured
+    (throughput.measure_batches starts there and never plans below it)."""
+    return min(m.optimizer_batch for m in measurements)
+
+
+def time_to_loss(m: Measurement, noise: int) -> float:
+    """Seconds per example a very small batch would need, at this batch: (1 + B / B_noise) / rate
+    (McCandlish et al. 2018), in units that only compare batches of one preset."""
+    return (1 + m.optimizer_batch / noise) / m.tokens_per_second
+
+
 def chosen_batch(measurements: Sequence[Measurement]) -> Measurement:
-    """The smallest batch within BATCH_TOLERANCE of the best rate; of two ways to one batch
-    (micro-batches accumulated, gradient checkpointing), the faster."""
-    fast_enough = (1 - BATCH_TOLERANCE) * best_rate(measurements)
-    return min(
-        (m for m in measurements if m.tokens_per_second >= fast_enough),
-        key=lambda m: (m.optimizer_batch, -m.tokens_per_second),
-    )
+    """The batch of least time to a given loss (module docstring); of two ways to one batch
+    (micro-batches accumulated, gradient checkpointing), the faster; of two equal, the smaller."""
+    noise = noise_batch(measurements)
+    return min(measurements, key=lambda m: (time_to_loss(m, noise), m.optimizer_batch))
 
 
 def fits_memory(measurement: Measurement, memory_bytes: float | None) -> bool:
@@ -243,8 +259,9 @@ def memory_note(
     if way_to_batch(chosen) == (False, False) and chosen == chosen_batch(measured):
         return ""
     too_big = [m for m in measured if not fits_memory(m, memory_bytes)]
-    if too_big:
-        over = max(too_big, key=lambda m: m.tokens_per_second)
+    if too_big:  # the batch the rule would take without the card's limit
+        noise = noise_batch(measured)
+        over = min(too_big, key=lambda m: (time_to_loss(m, noise), m.optimizer_batch))
         need = f"{batch_words(over)} needs ~{gigabytes(over.peak_bytes)}, more than {card}"
     else:  # the probe ran out of memory at it
         need = f"batch {chosen.optimizer_batch} does not fit the card's {gigabytes(memory_bytes)}"
@@ -258,6 +275,22 @@ def memory_note(
         rival = max(rivals, key=lambda m: m.tokens_per_second)
         note += f" ({batch_words(rival)}: {rival.tokens_per_second:,.0f})"
     return note
+
+
+def batch_reason(chosen: Measurement, measured: Sequence[Measurement]) -> str:
+    """ "; batch 16 of least time to a given loss with the recipe's 16 as the noise scale
+    (batch 64: 1.7x the time at 1.53x the rate)": the rival of highest rate, where there is one."""
+    noise = noise_batch(measured)
+    reason = (
+        f"; batch {chosen.optimizer_batch} of least time to a given loss with the recipe's "
+        f"{noise} as the noise scale"
+    )
+    rival = max(measured, key=lambda m: m.tokens_per_second)
+    if rival.optimizer_batch != chosen.optimizer_batch:
+        cost = time_to_loss(rival, noise) / time_to_loss(chosen, noise)
+        speed = rival.tokens_per_second / chosen.tokens_per_second
+        reason += f" (batch {rival.optimizer_batch}: {cost:.2f}x the time at {speed:.2f}x the rate)"
+    return reason
 
 
 def finetune_step_seconds(measurements: Sequence[Measurement]) -> float:
@@ -398,7 +431,7 @@ def choose_preset(
         name for name, steps in usable.items() if best_rate(steps) < best_rate(by_preset[name])
     }
     reason = size_reason(preset, losses, fits, bound, rate, seconds)
-    reason += f"; batch {batch.optimizer_batch}, the smallest within 10% of the best rate"
+    reason += batch_reason(batch, usable[preset])
     reason += memory_note(batch, by_preset[preset], memory_bytes)
     if dropped := [name for name in by_preset if name not in usable]:
         reason += f"; {', '.join(dropped)}: no step fits {MEMORY_SHARE:.0%} of the card's memory"
