@@ -15,9 +15,9 @@ from datasets import Dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from egbert.errors import DataError
+from egbert.errors import ConfigError, DataError
 from egbert.pretrain import collators, data, sources
-from egbert.tokenizer import load_tokenizer
+from egbert.tokenizer import load_tokenizer, train_tokenizer
 
 CLS, SEP, PAD, MASK = 1, 2, 0, 3
 SPECIALS = (PAD, CLS, SEP, MASK)
@@ -43,6 +43,21 @@ def tokenizer(tiny_tokenizer_dir: Path):
 def wiki_tokenized(wikitext_slice: Path, tokenizer) -> Dataset:
     docs = sources.read_documents([wikitext_slice], doc_boundary="wikitext")
     return data.tokenize_documents(docs, tokenizer)
+
+
+EOS = 4
+
+
+class SimpleTokenizer:
+    """The few attributes the collators read, for ids of the test's own (GPT-2's tokenizer has
+    no pad token; the MLM collator's masking needs its specials and vocabulary)."""
+
+    def __init__(self, pad_token_id: int | None = PAD) -> None:
+        self.pad_token_id, self.eos_token_id, self.mask_token_id = pad_token_id, EOS, MASK
+        self.all_special_ids = list(SPECIALS)
+
+    def __len__(self) -> int:
+        return VOCAB
 
 
 def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
@@ -435,6 +450,54 @@ def test_whole_word_masking_keeps_words_together(word_lengths, seed):
 # ---------------------------------------------------------------- collators
 
 
+def test_whole_word_masking_fills_its_count_with_whole_words_in_random_order():
+    # words [10], [11, ##12], [13]; a special (SEP) then a "##" piece, which starts a word of its
+    # own: [##14]. ids 100.. are "##" pieces here, so 112 and 114 continue.
+    continuation = np.arange(VOCAB) >= 100
+    ids = np.array([CLS, 10, 11, 112, 13, SEP, 114, SEP])
+    outcomes = set()
+    for seed in range(60):
+        _, labels = mask(
+            ids, np.random.default_rng(seed), mlm_probability=0.4, word_continuation=continuation
+        )
+        outcomes.add(tuple(np.flatnonzero(labels.numpy() != -100)))
+    # 5 candidates at 40%: 2 positions. Words in random order, each taken while it fits: a
+    # two-piece word fills the count alone; else two of the three one-piece words
+    assert outcomes == {(2, 3), (1, 4), (1, 6), (4, 6)}
+
+
+def test_whole_word_masking_needs_wordpiece_pieces(tmp_path: Path):
+    text = write(tmp_path / "t.txt", "a b c ab bc abc\n" * 20)
+    bpe = train_tokenizer([text], kind="bpe", vocab_size=300, show_progress=False)
+    with pytest.raises(ConfigError) as error:
+        collators.MLMCollator(bpe, whole_word_mask=True)
+    assert str(error.value) == (
+        "whole-word masking needs a WordPiece tokenizer ('##' pieces); this one has none"
+    )
+
+
+def test_ids_of_any_integer_type_are_masked_with_int64_labels(tokenizer):
+    # uint16 ids, as a memory-mapped token file holds them: -100 must not wrap around
+    ids = np.array([tokenizer.cls_token_id, *range(20, 40), tokenizer.sep_token_id], np.uint16)
+    masked, labels = collators.mask_tokens_for_mlm(
+        ids, special_ids=tokenizer.all_special_ids, mask_id=tokenizer.mask_token_id,
+        vocab_size=len(tokenizer), rng=np.random.default_rng(0),
+    )  # fmt: skip
+    assert masked.dtype == labels.dtype == torch.int64
+    assert set(labels.tolist()) - set(range(20, 40)) == {-100}
+    batch = collators.MLMCollator(tokenizer)([{"input_ids": ids}, {"input_ids": ids[:5]}])
+    assert set(batch["labels"].flatten().tolist()) - set(range(20, 40)) == {-100}
+
+
+def test_each_example_draws_its_own_mask():
+    # the generator is seeded by the example's ids: two examples of one length in one batch,
+    # the same seed and epoch, get their own positions
+    tokenizer = SimpleTokenizer()
+    rows = [{"input_ids": [CLS, *range(10 + i, 50 + i), SEP]} for i in range(4)]
+    labels = collators.MLMCollator(tokenizer, seed=3)(rows)["labels"] != -100
+    assert len({tuple(row.tolist()) for row in labels}) == 4
+
+
 def test_mlm_collator_pads_masks_and_is_reproducible(wiki_tokenized, tokenizer):
     pairs = data.build_nsp_examples(
         wiki_tokenized.select(range(5)),
@@ -507,6 +570,13 @@ def test_static_masks_pass_through_the_collator(wiki_tokenized, tokenizer):
         n = len(example["labels"])
         assert batch["labels"][row, :n].tolist() == example["labels"]
         assert batch["input_ids"][row, :n].tolist() == example["input_ids"]
+
+
+def test_causal_collator_pads_with_eos_where_the_tokenizer_has_no_pad_token():
+    tokenizer = SimpleTokenizer(pad_token_id=None)
+    batch = collators.CausalLMCollator(tokenizer)([{"input_ids": [7, 8, 9]}, {"input_ids": [5]}])
+    assert batch["input_ids"].tolist() == [[7, 8, 9], [5, EOS, EOS]]
+    assert batch["labels"].tolist() == [[7, 8, 9], [5, -100, -100]]
 
 
 def test_causal_collator_labels_copy_inputs_except_padding(tokenizer):
