@@ -489,6 +489,52 @@ def test_ids_of_any_integer_type_are_masked_with_int64_labels(tokenizer):
     assert set(batch["labels"].flatten().tolist()) - set(range(20, 40)) == {-100}
 
 
+@pytest.mark.parametrize("probability", [0.0, -0.1, 1.01])
+def test_a_masking_probability_outside_0_to_1_is_refused(probability):
+    with pytest.raises(ConfigError, match=rf"mlm_probability {probability} must be in \(0, 1\]"):
+        collators.MLMCollator(SimpleTokenizer(), mlm_probability=probability)
+
+
+def test_a_probability_of_1_chooses_every_token_but_the_specials():
+    ids = np.array([CLS, *range(10, 60), SEP])
+    _, labels = mask(ids, np.random.default_rng(0), mlm_probability=1.0)
+    assert labels.tolist() == [-100, *range(10, 60), -100]
+
+
+def test_random_replacements_are_drawn_from_every_non_special_id_independently():
+    # ids 0-4 are words, 5-99 specials: most first draws hit a special and are drawn again
+    ids = np.arange(3000) % 5
+    masked, labels = collators.mask_tokens_for_mlm(
+        ids, special_ids=range(5, 100), mask_id=5, vocab_size=100,
+        rng=np.random.default_rng(0), mlm_probability=1.0,
+    )  # fmt: skip
+    replaced = masked[(masked != 5) & (masked != labels)]
+    # about 10% of 3,000 chosen tokens are random, less the fifth that draws its own id again
+    assert 200 < len(replaced) < 280
+    shares = np.bincount(replaced.numpy(), minlength=5) / len(replaced)
+    # each about a fifth (a binomial sd of about 0.026): id 0 too, and not one draw shared by
+    # every position drawn again
+    assert shares.min() > 0.1 and shares.max() < 0.3
+
+
+def test_the_collator_masks_at_most_max_predictions_and_its_seed_defaults_to_0():
+    tokenizer = SimpleTokenizer()
+    rows = [{"input_ids": [CLS, *range(10 + i, 90 + i), SEP]} for i in range(3)]
+    capped = collators.MLMCollator(tokenizer, max_predictions=2)(rows)
+    assert ((capped["labels"] != -100).sum(1) == 2).all()  # 12 without the cap (15% of 80)
+    default = collators.MLMCollator(tokenizer)(rows)["input_ids"]
+    assert torch.equal(default, collators.MLMCollator(tokenizer, seed=0)(rows)["input_ids"])
+    assert not torch.equal(default, collators.MLMCollator(tokenizer, seed=1)(rows)["input_ids"])
+
+
+def test_masked_lm_needs_a_mask_token():
+    tokenizer = SimpleTokenizer()
+    tokenizer.mask_token_id = None
+    with pytest.raises(ConfigError) as error:
+        collators.MLMCollator(tokenizer)
+    assert str(error.value) == "masked LM needs a tokenizer with a mask token ([MASK])"
+
+
 def test_each_example_draws_its_own_mask():
     # the generator is seeded by the example's ids: two examples of one length in one batch,
     # the same seed and epoch, get their own positions
