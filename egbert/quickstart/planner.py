@@ -34,8 +34,8 @@ Empirical Model of Large-Batch Training"): a batch of B examples needs (1 + B / 
 examples a very small batch needs for the same loss, so it takes time in proportion to
 (1 + B / B_noise) / rate(B). The noise scale B_noise is taken to be the family's recipe batch, the
 one its lr was tuned at (where the probe of step times starts). Quickstart's own runs put it that
-low: tiny bert at about 10M tokens reached an MLM loss of 4.39 at batch 16, 4.53 at 32 and
-4.63-4.72 at 64 (docs/results.md), so a larger batch pays only where it makes the device much
+low: tiny bert at about 10M tokens reached an MLM loss of 4.38-4.42 at batch 16, 4.53 at 32
+and 4.63-4.72 at 64 (docs/results.md), so a larger batch pays only where it makes the device much
 faster: on two CPU cores, where a batch four times the recipe's runs 1.2-1.5x faster, never
 (it needs 2.5x); on a GPU, whose small batches leave it idle, up to where its rate levels off.
 
@@ -189,7 +189,7 @@ def best_rate(measurements: Sequence[Measurement]) -> float:
 
 def noise_batch(measurements: Sequence[Measurement]) -> int:
     """B_noise of the batch rule (module docstring): the recipe's batch, the smallest measured
-    (throughput.measure_batches starts there and never plans below it)."""
+    (throughput.measure_preset starts there and never plans below it)."""
     return min(m.optimizer_batch for m in measurements)
 
 
@@ -199,10 +199,11 @@ def time_to_loss(m: Measurement, noise: int) -> float:
     return (1 + m.optimizer_batch / noise) / m.tokens_per_second
 
 
-def chosen_batch(measurements: Sequence[Measurement]) -> Measurement:
-    """The batch of least time to a given loss (module docstring); of two ways to one batch
-    (micro-batches accumulated, gradient checkpointing), the faster; of two equal, the smaller."""
-    noise = noise_batch(measurements)
+def chosen_batch(measurements: Sequence[Measurement], noise: int | None = None) -> Measurement:
+    """The batch of least time to a given loss (module docstring; `noise`: B_noise, where not
+    the measurements' own); of two ways to one batch (micro-batches accumulated, gradient
+    checkpointing), the faster; of two equal, the smaller."""
+    noise = noise or noise_batch(measurements)
     return min(measurements, key=lambda m: (time_to_loss(m, noise), m.optimizer_batch))
 
 
@@ -260,8 +261,7 @@ def memory_note(
         return ""
     too_big = [m for m in measured if not fits_memory(m, memory_bytes)]
     if too_big:  # the batch the rule would take without the card's limit
-        noise = noise_batch(measured)
-        over = min(too_big, key=lambda m: (time_to_loss(m, noise), m.optimizer_batch))
+        over = chosen_batch(too_big, noise_batch(measured))
         need = f"{batch_words(over)} needs ~{gigabytes(over.peak_bytes)}, more than {card}"
     else:  # the probe ran out of memory at it
         need = f"batch {chosen.optimizer_batch} does not fit the card's {gigabytes(memory_bytes)}"
