@@ -36,6 +36,7 @@ from egbert.errors import CheckpointError, ConfigError, TrainingError
 from egbert.finetune.run import parse_finetune_args
 from egbert.pretrain.collators import MLMCollator
 from egbert.tokenizer import load_tokenizer
+from egbert.training.batches import epochs_done, real_tokens, sequence_length
 from egbert.training.checkpoints import TrainerState
 from egbert.training.model_saving import BestModel, run_model_card, save_model_folder
 from egbert.training.optimization import (
@@ -800,3 +801,25 @@ def test_cpu_training_keeps_freed_memory_in_the_process(
         assert after >= 2**26  # ...and still is where the user tuned malloc themselves
     else:
         assert after < 2**26  # ...and comes from the heap once the trainer has trained
+
+
+# ---------------------------------------------------------------- batches' bookkeeping
+
+
+def test_epochs_done_counts_the_share_of_the_current_epoch_to_four_places():
+    loader = [None] * 3  # what epochs_done asks of a loader: its length
+    assert epochs_done(1, 1, loader) == 1.3333  # 1 + 1/3, rounded to 4 places
+    assert epochs_done(0, 2, loader) == 0.6667
+    whole = epochs_done(0, 3, loader)  # the last step ends its epoch: 1, as an int (logs "1")
+    assert whole == 1 and type(whole) is int
+    assert epochs_done(2, 5, iter(())) == 2  # a stream has no length: the epoch alone
+    assert sequence_length({"input_ids": torch.zeros(4, 37, dtype=torch.long)}) == 37
+    assert sequence_length({"labels": torch.zeros(4, 37)}) == 0
+
+
+def test_real_tokens_are_the_attention_masks_sum_else_every_input_id():
+    ids = torch.ones(2, 5, dtype=torch.long)
+    padded = {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1] * 5])}
+    assert real_tokens(padded) == 8
+    assert real_tokens({"input_ids": ids}) == 10  # no mask: no padding
+    assert real_tokens({"labels": ids}) == 0
