@@ -688,3 +688,15 @@ def test_on_the_slower_host_bert_keeps_its_recipes_batch():
         "; batch 16 of least time to a given loss with the recipe's 16 as the noise scale "
         "(batch 128: 2.72x the time at 1.66x the rate)"
     )
+
+
+def test_the_batch_named_past_the_card_is_the_rules_choice_at_the_recipes_noise_scale():
+    step = functools.partial(Measurement, "bert", "tiny", seq_len=128, parameters=1, hidden_size=1)
+    recipe = step(batch_size=16, seconds_per_step=16 * 128 / 300, peak_bytes=10**9)
+    b64 = step(batch_size=64, seconds_per_step=64 * 128 / 1000, peak_bytes=20 * 10**9)
+    b256 = step(batch_size=256, seconds_per_step=256 * 128 / 3000, peak_bytes=40 * 10**9)
+    # B_noise 16, the recipe's: 16 costs 2/300 = 6.7e-3, 64 5/1000 = 5.0e-3, 256 17/3000 =
+    # 5.7e-3, so without the card the rule takes 64 (with the too-big steps' own 64 as the
+    # noise scale it would be 256: 2/1000 against 5/3000)
+    note = planner.memory_note(recipe, [recipe, b64, b256], 10e9)
+    assert note.startswith("; batch 64 needs ~20.0 GB, more than 90% of the card's 10.0 GB")
