@@ -9,20 +9,33 @@ run through it: checkpoint, resume, best-model reload and the final model.
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import textwrap
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
+from accelerate import Accelerator
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils.other import clean_state_dict_for_safetensors
 from safetensors.torch import load_file
 from torch import nn
 
 from egbert.config import TrainingArguments
+from egbert.errors import CheckpointError
 from egbert.model_files import load_pretrained
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
-from egbert.training.checkpoints import own_storage, untangled_state_dict
+from egbert.training.checkpoints import (
+    Checkpointer,
+    TrainerState,
+    checkpoints_in,
+    own_storage,
+    untangled_state_dict,
+    write_error_reason,
+    write_failure,
+)
 from egbert.training.trainer import Trainer
 
 VOCAB = 50
@@ -190,3 +203,74 @@ def test_fsdp2_sharded_parameters_pass_the_layout_checks(tmp_path, subprocess_en
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "['0.bias', '0.weight', '1.bias', '1.weight']" in result.stdout
+
+
+# ---------------------------------------------------------------- failed writes, resuming
+
+
+def test_a_failed_write_is_named_by_what_to_do_about_it():
+    """The one-line error of a run whose log, plot or model could not be written: the file, the
+    reason (a full disk by name, else the system's words) and whether the newest checkpoint
+    survives; errors that are not about writing stay the caller's."""
+    assert write_error_reason(OSError(errno.ENOSPC, "No space left on device")) == "disk full"
+    assert write_error_reason(OSError(errno.EACCES, "Permission denied")) == "Permission denied"
+    assert write_error_reason(OSError("quota reached")) == "quota reached"
+    full = OSError(errno.ENOSPC, "No space left on device", "/runs/a/train.log")
+    step = Path("/runs/a/checkpoints/step-4")
+    assert str(write_failure(full, Path("/runs/a"), step)) == (
+        "could not write /runs/a/train.log: disk full; free disk space (or fix the permissions) "
+        "and run again with --resume (the newest checkpoint /runs/a/checkpoints/step-4 is intact)"
+    )
+    forbidden = OSError(errno.EROFS, "Read-only file system")
+    assert str(write_failure(forbidden, Path("/runs/a"), None)) == (
+        "could not write /runs/a: Read-only file system; free disk space (or fix the "
+        "permissions) and run again with --resume (no checkpoint yet)"
+    )
+    for number in (errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM):
+        assert isinstance(write_failure(OSError(number, "x"), Path("."), None), CheckpointError)
+    assert write_failure(OSError(errno.ENOENT, "No such file"), Path("."), None) is None
+
+
+class RecordedStream:
+    """A stream position that holds nothing to resume from (or does) and records its reads."""
+
+    def __init__(self, holds: bool) -> None:
+        self.holds, self.reads = holds, []
+
+    def load(self, checkpoint: Path, process_index: int) -> bool:
+        self.reads.append((checkpoint, process_index))
+        return self.holds
+
+
+def test_resume_restores_the_weights_and_state_and_removes_the_later_checkpoints(
+    tmp_path, one_thread_and_fresh_accelerate
+):
+    """Three checkpoints, the weights a different constant in each; resuming from the first
+    loads its weights and trainer state, keeps the current run's config, removes the later two
+    and says so, and reads the stream position of this process (0)."""
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(nn.Linear(3, 2))
+    checkpointer = Checkpointer(accelerator, tmp_path / "checkpoints", keep=5)
+    for step in (1, 2, 3):
+        nn.init.constant_(model.weight, float(step))
+        saved = TrainerState(step=step, epoch=step - 1, batches_in_epoch=2, run_config={"a": 1})
+        checkpointer.save(step, asdict(saved))
+    nn.init.constant_(model.weight, 0.0)
+    first = tmp_path / "checkpoints/step-1"
+    current = TrainerState(run_config={"a": 1}, config_hash="now")
+    said, stream = [], RecordedStream(holds=False)
+    args = TrainingArguments(output_dir=str(tmp_path))
+    state = checkpointer.resume(first, model, current, args, stream, said.append)
+    assert (model.weight == 1.0).all()
+    assert (state.step, state.epoch, state.batches_in_epoch) == (1, 0, 2)
+    assert (state.run_config, state.config_hash) == ({"a": 1}, "now")
+    assert [path.name for _, path in checkpoints_in(tmp_path / "checkpoints")] == ["step-1"]
+    assert stream.reads == [(first, 0)]
+    assert said == [
+        f"egbert: {first} holds no stream position; reading from the start",
+        f"egbert: resumed from {first} (step 1, epoch 0, batch 2 of the epoch); removed the "
+        "later step-2, step-3",
+    ]
+    said.clear()
+    checkpointer.resume(first, model, current, args, RecordedStream(holds=True), said.append)
+    assert said == [f"egbert: resumed from {first} (step 1, epoch 0, batch 2 of the epoch)"]
