@@ -10,6 +10,7 @@ run through it: checkpoint, resume, best-model reload and the final model.
 from __future__ import annotations
 
 import errno
+import json
 import subprocess
 import textwrap
 from dataclasses import asdict
@@ -24,14 +25,17 @@ from safetensors.torch import load_file
 from torch import nn
 
 from egbert.config import TrainingArguments
-from egbert.errors import CheckpointError
+from egbert.errors import CheckpointError, ConfigError
 from egbert.model_files import load_pretrained
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.training.checkpoints import (
+    STATE_FILE,
     Checkpointer,
     TrainerState,
     checkpoints_in,
+    config_differences,
     own_storage,
+    refuse_changed_run,
     untangled_state_dict,
     write_error_reason,
     write_failure,
@@ -274,3 +278,84 @@ def test_resume_restores_the_weights_and_state_and_removes_the_later_checkpoints
     said.clear()
     checkpointer.resume(first, model, current, args, RecordedStream(holds=True), said.append)
     assert said == [f"egbert: resumed from {first} (step 1, epoch 0, batch 2 of the epoch)"]
+
+
+class OpensAFile:
+    """A pickle that creates a file when it is unpickled: code a stranger put in a checkpoint."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def test_a_checkpoint_that_runs_code_when_unpickled_is_refused_before_it_runs(
+    tmp_path, one_thread_and_fresh_accelerate
+):
+    accelerator = Accelerator(cpu=True)
+    model = nn.Linear(3, 2)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    checkpointer = Checkpointer(accelerator, tmp_path / "checkpoints", keep=1)
+    step = checkpointer.save(1, asdict(TrainerState(step=1)))
+    marker = tmp_path / "ran"
+    torch.save(
+        {"state": {}, "param_groups": [], "payload": OpensAFile(marker)}, step / "optimizer.bin"
+    )
+    current, args = TrainerState(), TrainingArguments(output_dir=str(tmp_path))
+    with pytest.raises(CheckpointError) as error:
+        checkpointer.resume(step, model, current, args, None, print)
+    assert not marker.exists()
+    assert str(error.value).startswith(f"cannot load checkpoint {step}: Weights only load failed")
+
+
+def test_a_changed_run_is_refused_with_each_change_named(tmp_path):
+    """config_differences and refuse_changed_run against run configs written out here: a field
+    outside the options by its dotted key, an option by its flag, an absent value as (unset);
+    logging options may change, a length may only grow from a set value."""
+    saved = {
+        "model": "bert",
+        "data": {"files": {"a": 1}},
+        "options": {"lr": 0.1, "seq_len": 8, "log_every": 5, "max_steps": None, "epochs": 2},
+    }
+    current = {
+        "model": "bert",
+        "data": {"files": {"a": 2}},
+        "tokenizer": "t",
+        "options": {"lr": 0.2, "log_every": 1, "max_steps": 100, "epochs": 3, "mlm": 0.4},
+    }
+    expected = [
+        "data.files.a: 1 -> 2",
+        "--lr 0.1 -> 0.2",
+        "--max-steps None -> 100",
+        "--mlm (unset) -> 0.4",
+        "--seq-len 8 -> (unset)",
+        "tokenizer: (unset) -> t",
+    ]
+    assert config_differences(saved, current) == expected  # epochs 2 -> 3: a longer run
+    assert config_differences({"options": {"epochs": 3}}, {"options": {"epochs": 2}}) == [
+        "--epochs 3 -> 2"
+    ]
+    assert config_differences({"options": {"a": {"b": 1}}}, {"options": {"a": {"b": 2}}}) == [
+        "--a.b 1 -> 2"
+    ]
+    step = tmp_path / "step-1"
+    step.mkdir()
+    (step / STATE_FILE).write_text(json.dumps({"step": 1, "run_config": saved}), encoding="utf-8")
+    with pytest.raises(ConfigError) as error:
+        refuse_changed_run(step, {**saved, "data": {"files": {"a": 2}}}, anyway=False)
+    assert str(error.value) == (
+        f"cannot resume from {step}: the run changed (data.files.a: 1 -> 2); use the original "
+        "options (a resume may change only the logging, evaluation and saving intervals, "
+        "--report-to and the like, or run longer) or pass --resume-anyway"
+    )
+    with pytest.raises(
+        ConfigError, match=r"\(data.files.a: 1 -> \(unset\); model: bert -> \(unset\); tok"
+    ):
+        refuse_changed_run(step, {"options": saved["options"], "tokenizer": "t"}, anyway=False)
+    state = refuse_changed_run(step, {"options": saved["options"]}, anyway=False, parts=True)
+    assert state == {"step": 1, "run_config": saved}  # the sections passed are the same
+    assert refuse_changed_run(step, current, anyway=True)["step"] == 1
+    (step / STATE_FILE).write_text(json.dumps({"step": 1}), encoding="utf-8")  # no run config
+    assert refuse_changed_run(step, {}, anyway=False) == {"step": 1}
+    assert refuse_changed_run(step, {}, anyway=False, parts=True) == {"step": 1}
