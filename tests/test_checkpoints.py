@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import subprocess
 import textwrap
 from dataclasses import asdict
@@ -359,3 +360,34 @@ def test_a_changed_run_is_refused_with_each_change_named(tmp_path):
     (step / STATE_FILE).write_text(json.dumps({"step": 1}), encoding="utf-8")  # no run config
     assert refuse_changed_run(step, {}, anyway=False) == {"step": 1}
     assert refuse_changed_run(step, {}, anyway=False, parts=True) == {"step": 1}
+
+
+def test_a_save_starts_afresh_makes_its_folders_and_adds_each_process_files(
+    tmp_path, one_thread_and_fresh_accelerate, caplog
+):
+    """A save killed before it was published left `.tmp-step-1` with a stale file: the next
+    save of step 1 starts that folder afresh. The checkpoints folder is made with its parents;
+    what `write_own_files` adds is in the checkpoint; a plain module's tied weights are saved
+    without accelerate's "Removed shared tensor" warning."""
+    folder = tmp_path / "checkpoints"
+    (folder / ".tmp-step-1").mkdir(parents=True)
+    (folder / ".tmp-step-1/stale.txt").write_text("from a killed save")
+    tied = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10))
+    tied[1].weight = tied[0].weight
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(tied)
+    fresh = tmp_path / "not/made/yet/checkpoints"
+    with caplog.at_level(logging.WARNING):
+        step = Checkpointer(accelerator, folder, keep=1).save(
+            1, {"step": 1}, lambda part: (part / "own.json").write_text("{}")
+        )
+        Checkpointer(accelerator, fresh, keep=1).save(1, {"step": 1})
+    assert sorted(path.name for path in step.iterdir()) == [
+        "model.safetensors",
+        "own.json",
+        "random_states_0.pkl",
+        "trainer_state.json",
+    ]
+    assert (fresh / "step-1/model.safetensors").is_file()  # its parent folders made
+    assert not [record for record in caplog.records if "shared tensor" in record.getMessage()]
+    assert load_file(step / "model.safetensors").keys() == {"0.weight", "1.bias"}
