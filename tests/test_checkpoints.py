@@ -391,3 +391,50 @@ def test_a_save_starts_afresh_makes_its_folders_and_adds_each_process_files(
     assert (fresh / "step-1/model.safetensors").is_file()  # its parent folders made
     assert not [record for record in caplog.records if "shared tensor" in record.getMessage()]
     assert load_file(step / "model.safetensors").keys() == {"0.weight", "1.bias"}
+
+
+def test_a_run_starts_from_the_newest_complete_checkpoint_or_refuses_to_overwrite(
+    tmp_path, one_thread_and_fresh_accelerate
+):
+    """Checkpoint folders made by hand: only `step-N` with a trainer state counts, newest by
+    number (step-10 after step-2); what a killed save left (`.tmp-*`) goes at the start."""
+    folder = tmp_path / "checkpoints"
+    for name in ("step-2", "step-10", "other-11", "step-x"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / STATE_FILE).write_text("{}")
+    (folder / "step-12").mkdir()  # no trainer state: never completed
+    for leftover in (folder / ".tmp-step-12", tmp_path / ".tmp-model"):
+        leftover.mkdir()
+    checkpointer = Checkpointer(Accelerator(cpu=True), folder, keep=2)
+    assert checkpoints_in(folder) == [(2, folder / "step-2"), (10, folder / "step-10")]
+    assert checkpoints_in(tmp_path / "none") == []
+    said = []
+
+    def args(**options) -> TrainingArguments:
+        return TrainingArguments(output_dir=str(tmp_path), **options)
+
+    assert checkpointer.start(args(resume=True), said.append) == folder / "step-10"
+    assert said == [] and not (folder / ".tmp-step-12").exists()
+    assert not (tmp_path / ".tmp-model").exists() and (folder / "step-12").is_dir()
+    with pytest.raises(ConfigError) as error:
+        checkpointer.start(args(), said.append)
+    assert str(error.value) == (
+        f"{tmp_path} already holds checkpoints; pass --resume to continue that run, "
+        "--overwrite-output-dir to start over, or choose a new --output-dir"
+    )
+    named = args(resume_from_checkpoint=str(folder / "step-2"))
+    assert checkpointer.start(named, said.append) == folder / "step-2"
+    assert checkpointer.start(args(overwrite_output_dir=True), said.append) is None
+    assert said == [
+        f"egbert: --overwrite-output-dir: removed the earlier run's checkpoints step-2, step-10 "
+        f"from {folder}"
+    ]
+    assert checkpoints_in(folder) == [] and checkpointer.latest() is None
+    assert checkpointer.start(args(resume=True), said.append) is None
+    assert said[-1] == f"egbert: no checkpoint in {folder}; starting"
+    with pytest.raises(ConfigError) as error:
+        checkpointer.start(args(resume_from_checkpoint=str(folder / "step-12")), said.append)
+    assert str(error.value) == (
+        f"--resume-from-checkpoint {folder / 'step-12'}: not a checkpoint (no {STATE_FILE}); "
+        "pass a run's checkpoints/step-N folder"
+    )
