@@ -399,14 +399,16 @@ def test_a_run_starts_from_the_newest_complete_checkpoint_or_refuses_to_overwrit
     """Checkpoint folders made by hand: only `step-N` with a trainer state counts, newest by
     number (step-10 after step-2); what a killed save left (`.tmp-*`) goes at the start."""
     folder = tmp_path / "checkpoints"
-    for name in ("step-2", "step-10", "other-11", "step-x"):
+    for name in ("step-1", "step-2", "step-10", "other-11", "step-x"):
         (folder / name).mkdir(parents=True)
         (folder / name / STATE_FILE).write_text("{}")
     (folder / "step-12").mkdir()  # no trainer state: never completed
     for leftover in (folder / ".tmp-step-12", tmp_path / ".tmp-model"):
         leftover.mkdir()
     checkpointer = Checkpointer(Accelerator(cpu=True), folder, keep=2)
-    assert checkpoints_in(folder) == [(2, folder / "step-2"), (10, folder / "step-10")]
+    assert [number for number, _ in checkpoints_in(folder)] == [1, 2, 10]
+    assert checkpoints_in(folder)[-1] == (10, folder / "step-10")
+    assert checkpointer.latest() == folder / "step-10"
     assert checkpoints_in(tmp_path / "none") == []
     said = []
 
@@ -426,8 +428,8 @@ def test_a_run_starts_from_the_newest_complete_checkpoint_or_refuses_to_overwrit
     assert checkpointer.start(named, said.append) == folder / "step-2"
     assert checkpointer.start(args(overwrite_output_dir=True), said.append) is None
     assert said == [
-        f"egbert: --overwrite-output-dir: removed the earlier run's checkpoints step-2, step-10 "
-        f"from {folder}"
+        f"egbert: --overwrite-output-dir: removed the earlier run's checkpoints step-1, step-2, "
+        f"step-10 from {folder}"
     ]
     assert checkpoints_in(folder) == [] and checkpointer.latest() is None
     assert checkpointer.start(args(resume=True), said.append) is None
