@@ -440,3 +440,29 @@ def test_a_run_starts_from_the_newest_complete_checkpoint_or_refuses_to_overwrit
         f"--resume-from-checkpoint {folder / 'step-12'}: not a checkpoint (no {STATE_FILE}); "
         "pass a run's checkpoints/step-N folder"
     )
+
+
+def test_a_failed_save_says_which_checkpoint_is_kept_and_leaves_no_temp_folder(
+    tmp_path, one_thread_and_fresh_accelerate
+):
+    """The main process's extras are in a published checkpoint; a save whose files could not
+    be written raises one line naming the checkpoint kept (none before the first)."""
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(nn.Linear(3, 2))
+    folder = tmp_path / "checkpoints"
+    checkpointer = Checkpointer(accelerator, folder, keep=2)
+
+    def disk_full(part: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(part / "own.json"))
+
+    with pytest.raises(CheckpointError) as error:
+        checkpointer.save(1, {"step": 1}, disk_full)
+    assert str(error.value) == (
+        f"could not write checkpoint {folder / 'step-1'}: disk full; free disk space or choose "
+        "another --output-dir (none kept)"
+    )
+    first = checkpointer.save(1, {"step": 1}, None, lambda part: (part / "tokenizer.json").touch())
+    assert (first / "tokenizer.json").is_file()
+    with pytest.raises(CheckpointError, match=rf"\(the previous checkpoint {first} is intact\)$"):
+        checkpointer.save(2, {"step": 2}, disk_full)
+    assert sorted(path.name for path in folder.iterdir()) == ["step-1"]
