@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import subprocess
 import textwrap
 from dataclasses import asdict
@@ -33,9 +34,11 @@ from egbert.training.checkpoints import (
     STATE_FILE,
     Checkpointer,
     TrainerState,
+    _views_to_untangle,
     checkpoints_in,
     config_differences,
     own_storage,
+    publish_dir,
     refuse_changed_run,
     untangled_state_dict,
     write_error_reason,
@@ -466,3 +469,41 @@ def test_a_failed_save_says_which_checkpoint_is_kept_and_leaves_no_temp_folder(
     with pytest.raises(CheckpointError, match=rf"\(the previous checkpoint {first} is intact\)$"):
         checkpointer.save(2, {"step": 2}, disk_full)
     assert sorted(path.name for path in folder.iterdir()) == ["step-1"]
+
+
+def test_only_views_of_one_buffer_in_different_layouts_are_untangled():
+    """Two views of one buffer (cuDNN's flat LSTM weights) are; a tensor tied under two names,
+    a tensor of its own, meta tensors (no storage yet), a tensor whose storage cannot be read
+    (a sparse one here, an FSDP2 shard in a run) and a non-tensor entry are not."""
+    flat = torch.zeros(10)
+    tied = torch.ones(3)
+    tensors = {
+        "sparse": torch.sparse_coo_tensor([[0]], [1.0], (3,)),
+        "extra_state": 5,
+        "weight": flat[:4].view(2, 2),
+        "bias": flat[4:],
+        "tied": tied,
+        "tied_again": tied,
+        "alone": torch.ones(2),
+        "meta": torch.empty(3, device="meta"),
+        "meta_other": torch.empty(4, device="meta"),
+    }
+    assert _views_to_untangle(tensors).keys() == {"weight", "bias"}
+
+
+def test_a_published_folder_is_flushed_file_by_file_before_its_rename(tmp_path, monkeypatch):
+    flushed, real_fsync = set(), os.fsync
+
+    def recording_fsync(handle: int) -> None:
+        flushed.add(os.fstat(handle).st_ino)
+        real_fsync(handle)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    temp = tmp_path / ".tmp-step-1"
+    (temp / "sub").mkdir(parents=True)
+    (temp / "a.json").write_text("{}")
+    (temp / "sub/b.bin").write_bytes(b"b")
+    inodes = {path.stat().st_ino for path in (temp, temp / "a.json", temp / "sub/b.bin")}
+    publish_dir(temp, tmp_path / "step-1")
+    assert inodes <= flushed and tmp_path.stat().st_ino in flushed
+    assert (tmp_path / "step-1/sub/b.bin").read_bytes() == b"b" and not temp.exists()
