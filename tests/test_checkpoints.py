@@ -507,3 +507,35 @@ def test_a_published_folder_is_flushed_file_by_file_before_its_rename(tmp_path, 
     publish_dir(temp, tmp_path / "step-1")
     assert inodes <= flushed and tmp_path.stat().st_ino in flushed
     assert (tmp_path / "step-1/sub/b.bin").read_bytes() == b"b" and not temp.exists()
+
+
+def test_a_file_that_cannot_be_deleted_does_not_stop_a_run(
+    tmp_path, monkeypatch, one_thread_and_fresh_accelerate
+):
+    """A leftover, an old checkpoint or a failed save's temp folder holding a file the system
+    refuses to delete: the run goes on (and a failed save still says why it failed)."""
+    real_unlink = os.unlink
+
+    def refuse_stuck(path, *args, **kwargs):
+        if os.path.basename(path) == "stuck.bin":
+            raise PermissionError(errno.EPERM, "Operation not permitted", path)
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", refuse_stuck)
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(nn.Linear(3, 2))
+    folder = tmp_path / "checkpoints"
+    (folder / ".tmp-step-9").mkdir(parents=True)
+    (folder / ".tmp-step-9/stuck.bin").touch()
+    checkpointer = Checkpointer(accelerator, folder, keep=1)
+    checkpointer.clean_leftovers(tmp_path)
+    checkpointer.save(1, {"step": 1}, lambda part: (part / "stuck.bin").touch())
+    checkpointer.save(2, {"step": 2})  # removes step-1, stuck.bin and all
+    assert checkpointer.latest() == folder / "step-2"
+
+    def stuck_then_full(part: Path) -> None:
+        (part / "stuck.bin").touch()
+        raise OSError(errno.ENOSPC, "No space left on device", str(part / "stuck.bin"))
+
+    with pytest.raises(CheckpointError, match="disk full"):
+        checkpointer.save(3, {"step": 3}, stuck_then_full)
