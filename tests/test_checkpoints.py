@@ -10,12 +10,13 @@ run through it: checkpoint, resume, best-model reload and the final model.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
 import subprocess
 import textwrap
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import pytest
@@ -37,10 +38,12 @@ from egbert.training.checkpoints import (
     _views_to_untangle,
     checkpoints_in,
     config_differences,
+    config_hash,
     own_storage,
     publish_dir,
     refuse_changed_run,
     untangled_state_dict,
+    whole_run_config,
     write_error_reason,
     write_failure,
 )
@@ -466,6 +469,7 @@ def test_a_failed_save_says_which_checkpoint_is_kept_and_leaves_no_temp_folder(
     )
     first = checkpointer.save(1, {"step": 1}, None, lambda part: (part / "tokenizer.json").touch())
     assert (first / "tokenizer.json").is_file()
+    assert (first / STATE_FILE).read_text(encoding="utf-8") == '{\n  "step": 1\n}'  # for people
     with pytest.raises(CheckpointError, match=rf"\(the previous checkpoint {first} is intact\)$"):
         checkpointer.save(2, {"step": 2}, disk_full)
     assert sorted(path.name for path in folder.iterdir()) == ["step-1"]
@@ -539,3 +543,14 @@ def test_a_file_that_cannot_be_deleted_does_not_stop_a_run(
 
     with pytest.raises(CheckpointError, match="disk full"):
         checkpointer.save(3, {"step": 3}, stuck_then_full)
+
+
+def test_the_run_config_holds_every_option_and_the_process_count_and_hashes_by_content():
+    args = TrainingArguments(output_dir="out", lr=0.1)
+    config = whole_run_config({"model": "bert", "options": {"seq_len": 8}}, args, 2)
+    assert (config["model"], config["num_processes"]) == ("bert", 2)
+    assert config["options"]["seq_len"] == 8 and config["options"]["lr"] == 0.1
+    assert config["options"].keys() == {"seq_len"} | {f.name for f in fields(TrainingArguments)}
+    assert config_hash({"b": 1, "a": Path("x")}) == config_hash({"a": Path("x"), "b": 1})
+    assert config_hash({"a": 1}) == hashlib.sha256(b'{"a": 1}').hexdigest()
+    assert config_hash({"a": 1}) != config_hash({"a": 2})
