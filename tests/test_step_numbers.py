@@ -15,9 +15,11 @@ from transformers import BertConfig, BertForSequenceClassification
 from transformers.utils import ModelOutput
 
 from egbert.errors import ConfigError, TrainingError
+from egbert.training import step_numbers
 from egbert.training.step_numbers import (
     CLOCK_FILE,
     ReplayedClock,
+    TrainingClock,
     default_flops_per_token,
     loss_parts,
     precision_record,
@@ -81,6 +83,7 @@ def test_an_fp16_overflow_is_counted_and_its_scale_logged():
         "32768 (1 skipped so far)"
     )
     assert precision_record(state, 32768.0) == {"loss_scale": 32768.0, "skipped_overflow": 1}
+    assert skip_overflow_step(state, 16384.0).endswith("to 16384 (2 skipped so far)")
 
 
 def test_a_replayed_clock_gives_the_recorded_readings_then_refuses_to_go_on():
@@ -110,3 +113,23 @@ def test_the_clock_is_written_only_when_every_step_has_its_reading(tmp_path):
         f"--replay-clock {later}: no clock.json there; pass the folder of a finished training "
         "run (egbert writes its clock at the end of each run)"
     )
+
+
+def test_the_training_clock_leaves_out_the_compile_step_and_paused_time(monkeypatch):
+    """Wall-clock readings scripted here: the first step with --compile (2.5 s) is said and
+    kept apart; later steps add their time; what `paused()` spans (7 s) is not training."""
+    readings = iter([10.0, 12.5, 13.0, 13.0, 20.0, 21.0])
+    monkeypatch.setattr(step_numbers.time, "perf_counter", lambda: next(readings))
+    said, cpu = [], torch.device("cpu")
+    clock = TrainingClock(compiling=True)
+    assert clock.advance(4.0, cpu, said.append) == 4.0
+    assert clock.compile_seconds == 2.5 and not clock.compiling
+    assert said == [
+        "egbert: compiled the model in 2.5 s (the first step; left out of the training time, "
+        "tokens/s and MFU)"
+    ]
+    assert clock.advance(4.0, cpu, said.append) == 4.5
+    with clock.paused():
+        pass
+    assert clock.advance(4.5, cpu, said.append) == 5.5
+    assert clock.compile_seconds == 2.5 and len(said) == 1
