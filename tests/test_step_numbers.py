@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from accelerate import Accelerator
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 from transformers.utils import ModelOutput
@@ -18,7 +19,10 @@ from egbert.errors import ConfigError, TrainingError
 from egbert.training import step_numbers
 from egbert.training.step_numbers import (
     CLOCK_FILE,
+    Agreement,
     ReplayedClock,
+    StepLedger,
+    StepNumbers,
     TrainingClock,
     default_flops_per_token,
     loss_parts,
@@ -133,3 +137,60 @@ def test_the_training_clock_leaves_out_the_compile_step_and_paused_time(monkeypa
         pass
     assert clock.advance(4.5, cpu, said.append) == 5.5
     assert clock.compile_seconds == 2.5 and len(said) == 1
+
+
+def losses(loss: float, mlm: float) -> dict[str, torch.Tensor]:
+    return {"loss": torch.tensor(loss), "mlm_loss": torch.tensor(mlm)}
+
+
+def test_the_ledger_sums_steps_until_they_agree_and_logs_their_means(
+    one_thread_and_fresh_accelerate,
+):
+    """Numbers worked out by hand for one process: two steps agreed (their tokens, FLOPs and
+    loss sums), the log's means over them and tokens/s over the window's seconds; then three
+    steps with a NaN and an inf loss, where the first bad one is named and nothing is added."""
+    accelerator = Accelerator(cpu=True)
+    cpu = accelerator.device
+    ledger = StepLedger(accelerator, elapsed_seconds=1.0, flops=False)
+    ledger.add(StepNumbers(10, 100.0, losses(2.0, 1.5), cpu), (1, 0, 0))
+    ledger.add(StepNumbers(torch.tensor(20), torch.tensor(300.0), losses(4.0, 2.5), cpu), (2, 0, 1))
+    state = SimpleNamespace(elapsed_seconds=5.0, tokens_seen=7, step=2, epoch=0)
+    assert ledger.agree(state, stop=False) == Agreement(
+        steps=2,
+        tokens=30.0,
+        timed_tokens=30.0,
+        flops=400.0,
+        losses={"loss": 6.0, "mlm_loss": 4.0},
+        elapsed_seconds=5.0,
+        stop=False,
+        first_nonfinite=None,
+    )
+    assert state.tokens_seen == 37
+    assert ledger.record(state, lr=0.1) == {
+        "step": 2,
+        "epoch": 0,
+        "loss": 3.0,
+        "mlm_loss": 2.0,
+        "lr": 0.1,
+        "tokens_per_s": 7.5,
+        "elapsed_s": 5.0,
+    }
+    for place, loss in [((3, 0, 2), 1.0), ((4, 0, 3), math.nan), ((5, 1, 0), math.inf)]:
+        ledger.add(StepNumbers(5, 0.0, losses(loss, 1.0), cpu), place)
+    state.elapsed_seconds = 9.0
+    agreed = ledger.agree(state, stop=True)
+    assert (agreed.steps, agreed.tokens, agreed.elapsed_seconds, agreed.stop) == (3, 15, 9.0, True)
+    assert math.isnan(agreed.first_nonfinite[0]) and agreed.first_nonfinite[1] == (4, 0, 3)
+    assert state.tokens_seen == 37 and ledger.window.steps == 0
+
+
+def test_mfu_is_the_steps_flops_per_second_over_the_measured_peak(one_thread_and_fresh_accelerate):
+    accelerator = Accelerator(cpu=True)
+    ledger = StepLedger(accelerator, elapsed_seconds=0.0, flops=True)
+    ledger.add(StepNumbers(10, 1e9, losses(2.0, 1.0), accelerator.device), (1, 0, 0))
+    state = SimpleNamespace(elapsed_seconds=4.0, tokens_seen=0, step=1, epoch=0)
+    ledger.agree(state, stop=False)
+    record = ledger.record(state, lr=0.1)
+    assert ledger.matmul_peak_flops > 0
+    assert record["mfu"] == pytest.approx(1e9 / 4.0 / ledger.matmul_peak_flops)
+    assert "mfu" not in StepLedger(accelerator, 0.0, flops=False).record(state, lr=0.1)

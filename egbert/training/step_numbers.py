@@ -229,7 +229,7 @@ class Agreement:
     tokens: float
     timed_tokens: float  # tokens of the steps whose time counts for tokens/s (not the compile's)
     flops: float
-    losses: dict[str, float]  # mean over the steps and processes
+    losses: dict[str, float]  # summed over the steps, averaged over the processes
     elapsed_seconds: float  # the largest of the processes' clocks
     stop: bool  # a signal reached some process
     first_nonfinite: tuple[float, Place] | None  # (its loss, its place), when a loss was not
