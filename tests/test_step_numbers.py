@@ -24,12 +24,14 @@ from egbert.training.step_numbers import (
     StepLedger,
     StepNumbers,
     TrainingClock,
+    agrees_each_step,
     default_flops_per_token,
     loss_parts,
     precision_record,
     read_clock,
     skip_nonfinite_step,
     skip_overflow_step,
+    training_clock,
     write_clock,
 )
 
@@ -194,3 +196,36 @@ def test_mfu_is_the_steps_flops_per_second_over_the_measured_peak(one_thread_and
     assert ledger.matmul_peak_flops > 0
     assert record["mfu"] == pytest.approx(1e9 / 4.0 / ledger.matmul_peak_flops)
     assert "mfu" not in StepLedger(accelerator, 0.0, flops=False).record(state, lr=0.1)
+
+
+def test_a_plain_output_logs_its_loss_alone():
+    assert loss_parts(SimpleNamespace(loss=torch.tensor(2.0), mlm_loss=torch.tensor(1.0))) == {
+        "loss": torch.tensor(2.0)
+    }
+
+
+@pytest.mark.parametrize(
+    ("skip_nonfinite", "budget_minutes", "processes", "each_step"),
+    [
+        (0, None, 1, False),
+        (1, None, 1, True),
+        (0, 5.0, 2, True),
+        (0, 5.0, 1, False),
+        (0, None, 2, False),
+    ],
+)
+def test_processes_agree_each_step_only_to_skip_a_step_or_share_a_budget(
+    skip_nonfinite, budget_minutes, processes, each_step
+):
+    args = SimpleNamespace(skip_nonfinite=skip_nonfinite, budget_minutes=budget_minutes)
+    assert agrees_each_step(args, processes) is each_step
+
+
+def test_the_clock_is_the_wall_clock_unless_a_run_is_replayed():
+    wall = training_clock(SimpleNamespace(compile=True, replay_clock=None), None, None)
+    assert isinstance(wall, TrainingClock) and wall.compiling
+    args = SimpleNamespace(compile=False, replay_clock="runs/first")
+    replayed = training_clock(args, [1.0, 2.0], SimpleNamespace(clock_readings=[1.0]))
+    assert replayed.advance(0.0, torch.device("cpu"), print) == 2.0  # goes on after step 1
+    with pytest.raises(TrainingError, match=r"^--replay-clock runs/first: that run ended"):
+        replayed.advance(0.0, torch.device("cpu"), print)
