@@ -185,17 +185,18 @@ def test_the_ledger_sums_steps_until_they_agree_and_logs_their_means(
     assert agreed.elapsed_seconds == state.elapsed_seconds == 86400.123456
     assert math.isnan(agreed.first_nonfinite[0]) and agreed.first_nonfinite[1] == (4, 0, 3)
     assert state.tokens_seen == 37 and ledger.window.steps == 0
+    assert ledger.record(state, lr=0.1)["tokens_per_s"] == 0.0  # the window since 5.0 s
 
 
 def test_mfu_is_the_steps_flops_per_second_over_the_measured_peak(one_thread_and_fresh_accelerate):
     accelerator = Accelerator(cpu=True)
     ledger = StepLedger(accelerator, elapsed_seconds=0.0, flops=True)
-    ledger.add(StepNumbers(10, 1e9, losses(2.0, 1.0), accelerator.device), (1, 0, 0))
+    ledger.add(StepNumbers(10, 123456789.0, losses(2.0, 1.0), accelerator.device), (1, 0, 0))
     state = SimpleNamespace(elapsed_seconds=4.0, tokens_seen=0, step=1, epoch=0)
-    ledger.agree(state, stop=False)
+    assert ledger.agree(state, stop=False).flops == 123456789.0  # float32 would give ...792
     record = ledger.record(state, lr=0.1)
     assert ledger.matmul_peak_flops > 0
-    assert record["mfu"] == pytest.approx(1e9 / 4.0 / ledger.matmul_peak_flops)
+    assert record["mfu"] == pytest.approx(123456789.0 / 4.0 / ledger.matmul_peak_flops)
     assert "mfu" not in StepLedger(accelerator, 0.0, flops=False).record(state, lr=0.1)
 
 
@@ -230,3 +231,13 @@ def test_the_clock_is_the_wall_clock_unless_a_run_is_replayed():
     assert replayed.advance(0.0, torch.device("cpu"), print) == 2.0  # goes on after step 1
     with pytest.raises(TrainingError, match=r"^--replay-clock runs/first: that run ended"):
         replayed.advance(0.0, torch.device("cpu"), print)
+
+
+def test_loss_sums_keep_float64s_precision(one_thread_and_fresh_accelerate):
+    """float32 losses of 1e8 and 1.0 sum to 1e8 in float32; the ledger sums in float64."""
+    accelerator = Accelerator(cpu=True)
+    ledger = StepLedger(accelerator, elapsed_seconds=0.0, flops=False)
+    for loss in (1e8, 1.0):
+        ledger.add(StepNumbers(1, 0.0, losses(loss, 0.0), accelerator.device), (1, 0, 0))
+    state = SimpleNamespace(elapsed_seconds=1.0, tokens_seen=0, step=2, epoch=0)
+    assert ledger.agree(state, stop=False).losses["loss"] == 100000001.0
