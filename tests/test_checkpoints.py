@@ -482,7 +482,7 @@ def test_only_views_of_one_buffer_in_different_layouts_are_untangled():
     flat = torch.zeros(10)
     tied = torch.ones(3)
     tensors = {
-        "sparse": torch.sparse_coo_tensor([[0]], [1.0], (3,)),
+        "sparse": torch.sparse_coo_tensor([[0]], [1.0], (3,), check_invariants=True),
         "extra_state": 5,
         "weight": flat[:4].view(2, 2),
         "bias": flat[4:],
