@@ -226,7 +226,7 @@ def test_a_failed_write_is_named_by_what_to_do_about_it():
     assert write_error_reason(OSError(errno.ENOSPC, "No space left on device")) == "disk full"
     assert write_error_reason(OSError(errno.EACCES, "Permission denied")) == "Permission denied"
     assert write_error_reason(OSError("quota reached")) == "quota reached"
-    full = OSError(errno.ENOSPC, "No space left on device", "/runs/a/train.log")
+    full = disk_full("/runs/a/train.log")
     step = Path("/runs/a/checkpoints/step-4")
     assert str(write_failure(full, Path("/runs/a"), step)) == (
         "could not write /runs/a/train.log: disk full; free disk space (or fix the permissions) "
@@ -240,6 +240,17 @@ def test_a_failed_write_is_named_by_what_to_do_about_it():
     for number in (errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM):
         assert isinstance(write_failure(OSError(number, "x"), Path("."), None), CheckpointError)
     assert write_failure(OSError(errno.ENOENT, "No such file"), Path("."), None) is None
+
+
+def disk_full(path: Path) -> OSError:
+    return OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
+def linear_checkpointer(folder: Path, keep: int) -> tuple[Checkpointer, nn.Module]:
+    """A Checkpointer of a CPU Accelerator that has prepared a small linear model."""
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(nn.Linear(3, 2))
+    return Checkpointer(accelerator, folder, keep=keep), model
 
 
 class RecordedStream:
@@ -259,9 +270,7 @@ def test_resume_restores_the_weights_and_state_and_removes_the_later_checkpoints
     """Three checkpoints, the weights a different constant in each; resuming from the first
     loads its weights and trainer state, keeps the current run's config, removes the later two
     and says so, and reads the stream position of this process (0)."""
-    accelerator = Accelerator(cpu=True)
-    model = accelerator.prepare(nn.Linear(3, 2))
-    checkpointer = Checkpointer(accelerator, tmp_path / "checkpoints", keep=5)
+    checkpointer, model = linear_checkpointer(tmp_path / "checkpoints", keep=5)
     for step in (1, 2, 3):
         nn.init.constant_(model.weight, float(step))
         saved = TrainerState(step=step, epoch=step - 1, batches_in_epoch=2, run_config={"a": 1})
@@ -453,16 +462,14 @@ def test_a_failed_save_says_which_checkpoint_is_kept_and_leaves_no_temp_folder(
 ):
     """The main process's extras are in a published checkpoint; a save whose files could not
     be written raises one line naming the checkpoint kept (none before the first)."""
-    accelerator = Accelerator(cpu=True)
-    accelerator.prepare(nn.Linear(3, 2))
     folder = tmp_path / "checkpoints"
-    checkpointer = Checkpointer(accelerator, folder, keep=2)
+    checkpointer, _ = linear_checkpointer(folder, keep=2)
 
-    def disk_full(part: Path) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(part / "own.json"))
+    def own_files_fail(part: Path) -> None:
+        raise disk_full(part / "own.json")
 
     with pytest.raises(CheckpointError) as error:
-        checkpointer.save(1, {"step": 1}, disk_full)
+        checkpointer.save(1, {"step": 1}, own_files_fail)
     assert str(error.value) == (
         f"could not write checkpoint {folder / 'step-1'}: disk full; free disk space or choose "
         "another --output-dir (none kept)"
@@ -471,7 +478,7 @@ def test_a_failed_save_says_which_checkpoint_is_kept_and_leaves_no_temp_folder(
     assert (first / "tokenizer.json").is_file()
     assert (first / STATE_FILE).read_text(encoding="utf-8") == '{\n  "step": 1\n}'  # for people
     with pytest.raises(CheckpointError, match=rf"\(the previous checkpoint {first} is intact\)$"):
-        checkpointer.save(2, {"step": 2}, disk_full)
+        checkpointer.save(2, {"step": 2}, own_files_fail)
     assert sorted(path.name for path in folder.iterdir()) == ["step-1"]
 
 
@@ -526,12 +533,10 @@ def test_a_file_that_cannot_be_deleted_does_not_stop_a_run(
         return real_unlink(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "unlink", refuse_stuck)
-    accelerator = Accelerator(cpu=True)
-    accelerator.prepare(nn.Linear(3, 2))
     folder = tmp_path / "checkpoints"
     (folder / ".tmp-step-9").mkdir(parents=True)
     (folder / ".tmp-step-9/stuck.bin").touch()
-    checkpointer = Checkpointer(accelerator, folder, keep=1)
+    checkpointer, _ = linear_checkpointer(folder, keep=1)
     checkpointer.clean_leftovers(tmp_path)
     checkpointer.save(1, {"step": 1}, lambda part: (part / "stuck.bin").touch())
     checkpointer.save(2, {"step": 2})  # removes step-1, stuck.bin and all
@@ -539,7 +544,7 @@ def test_a_file_that_cannot_be_deleted_does_not_stop_a_run(
 
     def stuck_then_full(part: Path) -> None:
         (part / "stuck.bin").touch()
-        raise OSError(errno.ENOSPC, "No space left on device", str(part / "stuck.bin"))
+        raise disk_full(part / "stuck.bin")
 
     with pytest.raises(CheckpointError, match="disk full"):
         checkpointer.save(3, {"step": 3}, stuck_then_full)

@@ -806,7 +806,7 @@ def test_cpu_training_keeps_freed_memory_in_the_process(
 # ---------------------------------------------------------------- batches' bookkeeping
 
 
-def test_epochs_done_counts_the_share_of_the_current_epoch_to_four_places():
+def test_epochs_done_to_four_places_and_a_batchs_sequence_length():
     loader = [None] * 3  # what epochs_done asks of a loader: its length
     assert epochs_done(1, 1, loader) == 1.3333  # 1 + 1/3, rounded to 4 places
     assert epochs_done(0, 2, loader) == 0.6667
