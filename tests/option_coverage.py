@@ -13,7 +13,38 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+import pytest
+
 Test = TypeVar("Test", bound=Callable)
+
+# The --help lines every command's parser starts with (egbert.arguments), and those of the
+# options that the commands reading a model folder share (egbert.evaluation.results'
+# add_run_arguments), at 100 columns: the words a user reads, written out.
+CONFIG_OPTIONS_HELP = (
+    "  -h, --help            show this help message and exit\n"
+    "  --config FILE         YAML or JSON file of options (option or field names); the "
+    "command line\n"
+    "                        overrides it\n"
+    "  --print-config        print the resolved options as YAML (a file for --config) "
+    "and exit; a\n"
+    "                        comment on each line says where its value came from "
+    "(default, recipe,\n"
+    "                        config file or command line)\n"
+)
+RUN_OPTIONS_HELP = (
+    "  --device DEVICE       cpu, cuda, ... (default: cuda when available)\n"
+    "  --bf16, --no-bf16     bf16 autocast (default: where the device runs it faster "
+    "than fp32)\n"
+    "  --fp16, --no-fp16     fp16 autocast, for GPUs without bf16 (T4, V100); instead of "
+    "--bf16\n"
+    "                        (default: False)\n"
+    "  --allow-pickle, --no-allow-pickle\n"
+    "                        also load a pickle checkpoint (pytorch_model.bin, *.pt) "
+    "when the model\n"
+    "                        directory has no safetensors weights, with "
+    "torch.load(weights_only=True);\n"
+    "                        only for files you trust (default: False)\n"
+)
 
 
 def proves(command: str, *options: str) -> Callable[[Test], Test]:
@@ -26,3 +57,13 @@ def proves(command: str, *options: str) -> Callable[[Test], Test]:
         return test
 
     return mark
+
+
+def help_text(command: str, monkeypatch: pytest.MonkeyPatch, capsys) -> str:
+    """`egbert COMMAND --help` as a user reads it, at 100 columns."""
+    from egbert.cli import main
+
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    return capsys.readouterr().out

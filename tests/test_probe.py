@@ -8,6 +8,8 @@ import csv
 import json
 import math
 import random
+import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -15,23 +17,30 @@ import numpy as np
 import pytest
 import torch
 from model_calls import assert_bf16_and_device_are_the_options, model_calls
-from option_coverage import proves
+from option_coverage import CONFIG_OPTIONS_HELP, RUN_OPTIONS_HELP, help_text, proves
+from safetensors.torch import load_file
 from scipy.stats import pearsonr, spearmanr
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import RidgeCV
+from sklearn.linear_model import LogisticRegression, RidgeCV
 from sklearn.metrics import accuracy_score
+from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel, AutoTokenizer, RobertaConfig, RobertaModel
 
 from egbert.cli import main as cli_main
 from egbert.embedding import TruncatedInputsWarning, embed, load_model
+from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.evaluation import run_probe
 from egbert.evaluation.probe import (
     C_GRID,
+    choose_c,
+    feature_layers,
     fit_probe,
     logistic_probe,
+    probe_table,
     sentence_vectors,
+    summary_pools,
     task_vectors,
 )
 from egbert.finetune.metrics import compute_task_metrics
@@ -44,6 +53,7 @@ from egbert.models.heads import (
     EgbertElmoForSequenceClassification,
     EgbertGPTForSequenceClassification,
 )
+from egbert.tokenizer import train_tokenizer
 
 TRANSFORMER = {
     "hidden_size": 32,
@@ -123,7 +133,8 @@ def test_scores_of_a_classification_task_and_stsb_are_in_range(family, family_di
         assert -1 <= stsb["metrics"]["validation"][name] <= 1
     assert math.isfinite(stsb["score"]) and stsb["majority_score"] is None
     assert set(rte["regularization"]) == {"C"} and set(stsb["regularization"]) == {"alpha"}
-    assert results["glue_average"]["tasks"] == ["rte", "stsb"]
+    average = (rte["score"] + stsb["score"]) / 2
+    assert results["glue_average"] == {"score": average, "tasks": ["rte", "stsb"]}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -185,6 +196,89 @@ def test_a_pair_is_senteval_features_of_its_sentences_encoded_apart(family_dirs)
     np.testing.assert_allclose(vectors[0, 2 * size :], vectors[1, 2 * size :], rtol=1e-6)
 
 
+def test_the_layers_each_feature_takes():
+    """last4 is the top four entries of hidden_states, top first, or all of a model with fewer
+    (two layers and the embeddings: three); all-mean is every entry, embeddings first."""
+    assert feature_layers("last", 6) == ([-1], "none")
+    assert feature_layers("last4-concat", 6) == ([-1, -2, -3, -4], "concat")
+    assert feature_layers("last4-sum", 2) == ([-1, -2, -3], "sum")
+    assert feature_layers("last4-concat", 3) == ([-1, -2, -3, -4], "concat")
+    assert feature_layers("all-mean", 2) == ([0, 1, 2], "mean")
+
+
+def test_pool_cls_of_a_model_type_of_no_family_is_refused_naming_the_known_ones():
+    config = EgbertBertConfig()
+    config.model_type = "t5"
+    with pytest.raises(ConfigError) as error:
+        summary_pools(config)
+    assert str(error.value) == (
+        "--pool cls: egbert knows no summary position for model_type 't5' (it knows "
+        "egbert-bert, bert, egbert-gpt, gpt2, egbert-elmo); use --pool mean"
+    )
+
+
+def test_the_vectors_come_from_the_tokenizer_given(family_dirs, wikitext_slice, tmp_path):
+    """A tokenizer other than the one saved with the model (a 500-piece vocabulary): the
+    vectors, of single sentences and of pairs, are the model's states of its token ids."""
+    model, _ = load_model(family_dirs["bert"], "cpu")
+    train_tokenizer([wikitext_slice], kind="wordpiece", vocab_size=500, out_dir=tmp_path)
+    smaller = AutoTokenizer.from_pretrained(tmp_path)
+    expected = []
+    for text in TEXTS[:2]:
+        with torch.no_grad():
+            states = model(**smaller(text, return_tensors="pt"), output_hidden_states=True)
+        expected.append(states.hidden_states[-1][0].mean(0))
+    vectors = sentence_vectors(model, smaller, TEXTS[:2], "last", "mean", 2)
+    torch.testing.assert_close(torch.from_numpy(vectors), torch.stack(expected))
+    pair = {"sentence1": [TEXTS[0]], "sentence2": [TEXTS[1]]}
+    pair_vector = task_vectors(get_task("stsb"), pair, model, smaller, "last", "mean", 2)[0]
+    torch.testing.assert_close(torch.from_numpy(pair_vector[:64]), torch.cat(expected))
+
+
+def test_too_few_examples_of_a_label_are_refused_with_the_counts_and_two_suffice():
+    task, vectors = get_task("sst2"), np.random.default_rng(0).normal(size=(6, 3))
+    with pytest.raises(DataError) as error:
+        choose_c(task, vectors[:4], np.array([0, 1, 1, 1]), seed=0)
+    assert str(error.value) == (
+        "sst2: the probe needs two training examples of every label; the 4 drawn hold "
+        "{'negative': 1, 'positive': 3}; raise --max-train-samples"
+    )
+    assert choose_c(task, vectors, np.array([0, 0, 1, 1, 1, 1]), seed=0) in C_GRID
+
+
+def held_out_choice(vectors: np.ndarray, labels: np.ndarray, seed: int) -> float:
+    """The C the docstring promises, by scikit-learn: of 1e-4 ... 100, the first with the best
+    accuracy on a stratified fifth held out with the seed, fitted by Newton-CG on the rest."""
+    fit_x, held_x, fit_y, held_y = train_test_split(
+        vectors, labels, test_size=len(labels) // 5, stratify=labels, random_state=seed
+    )
+    accuracies = []
+    for c in (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0):
+        probe = make_pipeline(StandardScaler(), LogisticRegression(C=c, solver="newton-cg"))
+        accuracies.append(accuracy_score(held_y, probe.fit(fit_x, fit_y).predict(held_x)))
+    return (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)[int(np.argmax(accuracies))]
+
+
+def test_c_is_chosen_by_accuracy_on_a_stratified_fifth_held_out_with_the_seed():
+    """60 noisy examples, two thirds of them positive: which C wins depends on the held-out
+    fifth, and the probe's choice is scikit-learn's for the same split, seed by seed; the probe
+    is then refit with it on every example."""
+    rng = np.random.default_rng(3)
+    labels = np.array([0] * 20 + [1] * 40)
+    vectors = rng.normal(size=(60, 12))
+    vectors[:, 0] += 1.2 * labels
+    choices = {seed: held_out_choice(vectors, labels, seed) for seed in range(6)}
+    assert len(set(choices.values())) > 2, choices  # the split matters here
+    task = get_task("sst2")
+    assert {seed: choose_c(task, vectors, labels, seed) for seed in choices} == choices
+    for seed in (1, 4):
+        probe, regularization = fit_probe(task, vectors, labels, seed)
+        assert regularization == {"C": choices[seed]}
+        refit = LogisticRegression(C=choices[seed], solver="newton-cg")
+        refit = make_pipeline(StandardScaler(), refit).fit(vectors, labels)
+        np.testing.assert_allclose(probe.predict_proba(vectors), refit.predict_proba(vectors))
+
+
 def write_sst2_like(folder: Path, labelled_by_word: bool, seed: int) -> Path:
     """A GLUE folder with an SST-2 of filler sentences; the label is either said by one word
     ("excellent" or "terrible") in the sentence or drawn independently of it."""
@@ -210,6 +304,117 @@ def test_the_probe_finds_a_label_in_the_text_and_nothing_in_noise(family, family
     chance = run_probe(family_dirs[family], "sst2", noise, features="last4-concat")
     assert found["tasks"]["sst2"]["score"] > 0.9
     assert abs(chance["tasks"]["sst2"]["score"] - 0.5) < 0.13  # 150 dev examples: sd 0.04
+
+
+def test_run_probe_s_defaults_probe_every_task_in_the_folder_with_the_last_layer_s_mean(
+    family_dirs, tmp_path
+):
+    """The defaults the docstring gives (features last, pool mean, at most 4,000 training
+    examples, seed 0, fp16 off); "all" finds the folder's one task; seconds is the task's wall
+    time, to the hundredth."""
+    folder = write_sst2_like(tmp_path / "glue", labelled_by_word=True, seed=0)
+    start = time.perf_counter()
+    results = run_probe(family_dirs["gpt"], "all", folder)
+    elapsed = time.perf_counter() - start
+    assert results["model"] == str(family_dirs["gpt"])
+    options = {name: value for name, value in results["options"].items() if name != "bf16"}
+    assert options == {
+        "features": "last",
+        "pool": "mean",
+        "max_train_samples": 4000,
+        "seed": 0,
+        "classifier": "logistic regression (C by held-out GLUE score) / ridge (alpha by LOO)",
+        "fp16": False,
+    }
+    assert list(results["tasks"]) == ["sst2"]
+    sst2 = results["tasks"]["sst2"]
+    assert (sst2["n_train"], sst2["n_dev"], sst2["feature_size"]) == (200, 150, 32)
+    assert isinstance(sst2["seconds"], float) and 0 < sst2["seconds"] <= elapsed
+    assert sst2["seconds"] == round(sst2["seconds"], 2)
+
+
+def test_the_seed_draws_the_training_sample_and_the_held_out_fifth(family_dirs, tmp_path):
+    """Labels drawn apart from the text: the C each seed's run reports is scikit-learn's choice
+    on that seed's draw of 100 of the 200 training sentences (their mean vectors) and its
+    held-out fifth, and the dev predictions are those of that C refit on the 100."""
+    folder = write_sst2_like(tmp_path / "glue", labelled_by_word=False, seed=1)
+    model, tokenizer = load_model(family_dirs["bert"], "cpu")
+    train, dev = (
+        read_glue_split(get_task("sst2"), split, folder) for split in ("train", "validation")
+    )
+    dev_vectors = sentence_vectors(model, tokenizer, dev["sentence"], "last", "mean", 64)
+    reported, expected = {}, {}
+    for seed in range(3):
+        rows = np.sort(np.random.default_rng(seed).choice(200, size=100, replace=False))
+        sentences = [train["sentence"][row] for row in rows]
+        vectors = sentence_vectors(model, tokenizer, sentences, "last", "mean", 64)
+        labels = np.asarray(train["label"])[rows]
+        c = held_out_choice(vectors, labels, seed)
+        refit = make_pipeline(StandardScaler(), LogisticRegression(C=c, solver="newton-cg"))
+        expected[seed] = c, refit.fit(vectors, labels).predict(dev_vectors).tolist()
+        result = run_probe(
+            family_dirs["bert"], "sst2", folder, max_train_samples=100, seed=seed, bf16=False
+        )["tasks"]["sst2"]
+        (predicted,) = result["dev_predictions"].values()
+        reported[seed] = result["regularization"]["C"], predicted["predictions"]
+    assert len({c for c, _ in expected.values()}) > 1, expected
+    assert reported == expected
+
+
+def test_mnli_is_scored_on_both_dev_sets(family_dirs, tmp_path):
+    """MNLI's matched (12 rows) and mismatched (10) dev sets: each scored, its predictions
+    written; the score is the mean of the two accuracies, the majority's over all 22 rows."""
+    folder = tmp_path / "glue" / "MNLI"
+    folder.mkdir(parents=True)
+    rng = random.Random(0)
+    labels = ("entailment", "neutral", "contradiction")
+    for name, count in (("train.tsv", 30), ("dev_matched.tsv", 12), ("dev_mismatched.tsv", 10)):
+        rows = ["sentence1\tsentence2\tgold_label"]
+        for row in range(count):
+            words = " ".join(rng.choice(FILLER) for _ in range(6))
+            rows.append(f"{words}\tthe {rng.choice(FILLER)}\t{labels[row % 3]}")
+        (folder / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    mnli = run_probe(family_dirs["bert"], "mnli", tmp_path / "glue")["tasks"]["mnli"]
+    predicted = mnli["dev_predictions"]
+    assert list(predicted) == ["validation_matched", "validation_mismatched"]
+    assert [len(split["references"]) for split in predicted.values()] == [12, 10]
+    assert mnli["n_dev"] == 22
+    accuracies = [accuracy_score(s["references"], s["predictions"]) for s in predicted.values()]
+    assert mnli["score"] == pytest.approx(sum(accuracies) / 2)
+    # a three-way tie in train goes to entailment: 4 of the 12 and 4 of the 10
+    assert mnli["majority_label"] == 0 and mnli["majority_score"] == pytest.approx(8 / 22)
+
+
+def test_a_pickle_only_model_is_refused_unless_allowed(family_dirs, tmp_path):
+    """run_probe's allow_pickle defaults to False (the CLI's --allow-pickle: test_allow_pickle)."""
+    pickled = shutil.copytree(family_dirs["gpt"], tmp_path / "pickled")
+    torch.save(load_file(pickled / "model.safetensors"), pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+    folder = write_sst2_like(tmp_path / "glue", labelled_by_word=True, seed=0)
+    with pytest.raises(CheckpointError, match="holds a pickle checkpoint"):
+        run_probe(pickled, "sst2", folder)
+    allowed = run_probe(pickled, "sst2", folder, allow_pickle=True)
+    assert allowed["tasks"]["sst2"]["n_train"] == 200
+
+
+def test_a_model_of_no_family_is_probed_by_its_mean_and_refused_cls_before_any_work(
+    tiny_tokenizer_dir, tmp_path
+):
+    """A stock RoBERTa: the mean over its tokens needs no family; --pool cls is refused before
+    the data is read (a broken train file would otherwise be the error)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    config = RobertaConfig(
+        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    RobertaModel(config).save_pretrained(tmp_path / "roberta")
+    tokenizer.save_pretrained(tmp_path / "roberta")
+    folder = write_sst2_like(tmp_path / "glue", labelled_by_word=True, seed=0)
+    mean = run_probe(tmp_path / "roberta", "sst2", folder, max_train_samples=40)
+    assert mean["tasks"]["sst2"]["feature_size"] == 16
+    (folder / "SST-2" / "train.tsv").write_text("not\ta GLUE file\n")
+    with pytest.raises(ConfigError, match="no summary position for model_type 'roberta'"):
+        run_probe(tmp_path / "roberta", "sst2", folder, pool="cls")
 
 
 def test_the_logistic_probe_converges_where_the_features_nearly_separate_the_labels():
@@ -268,6 +473,76 @@ def test_cli_prints_a_table_and_writes_the_results_on_sst2(family_dirs, data_dir
     assert f"| sst2 | acc {100 * sst2['score']:.2f} |" in out
 
 
+def test_the_table_has_a_row_per_task_and_the_average():
+    """Each column from its field (percentages to the hundredth, seconds to the tenth, a
+    regression's majority left empty), and the average of the two scores: (56.25 + 30) / 2."""
+    rte = {"metrics": {"validation": {"accuracy": 0.5625}}, "score": 0.5625}
+    rte |= {"majority_score": 0.625, "n_train": 24, "regularization": {"C": 0.01}, "seconds": 1.234}
+    stsb = {"metrics": {"validation": {"pearson": 0.31, "spearmanr": 0.29}}, "score": 0.30}
+    stsb |= {"majority_score": None, "n_train": 3000, "regularization": {"alpha": 1000.0}}
+    stsb |= {"seconds": 12.06}
+    assert probe_table({"tasks": {"rte": rte, "stsb": stsb}}).splitlines() == [
+        "| task | dev metrics | score | majority | train examples | regularization | seconds |",
+        "|---|---|---:|---:|---:|---|---:|",
+        "| rte | acc 56.25 | 56.25 | 62.50 | 24 | C 0.01 | 1.2 |",
+        "| stsb | pearson 31.00 / spearman 29.00 | 30.00 |  | 3000 | alpha 1e+03 | 12.1 |",
+        "| average (rte, stsb) | | 43.12 | | | | |",
+    ]
+
+
+# `egbert probe --help` at 100 columns, as a user reads it: every option, its default and the
+# words around them (a change here is a change of the command's documentation)
+PROBE_HELP = (
+    "usage: egbert probe [options]\n"
+    "\n"
+    "Probe a frozen model: pool one vector per example from chosen layers, fit a "
+    "logistic regression (ridge for STS-B) on the training split's vectors, and score it "
+    "on dev with GLUE's metric. Nothing of the model is trained.\n"
+    "\n"
+    "options:\n"
+    + CONFIG_OPTIONS_HELP
+    + (
+        "  --model DIR           the model directory, with its tokenizer\n"
+        "  --task TASK [TASK ...]\n"
+        "                        GLUE task(s) (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, "
+        "wnli), or all:\n"
+        "                        those with train and dev files in --data-dir\n"
+        "  --data-dir DIR        the GLUE folder (DIR/SST-2/train.tsv, ...)\n"
+        "  --features {last,last4-concat,last4-sum,all-mean}\n"
+        "                        last layer; last four concatenated or summed; all layers "
+        "averaged\n"
+        "                        (default: last)\n"
+        "  --pool {cls,mean}     mean over real tokens, or cls: the family's summary "
+        "position (BERT's\n"
+        "                        [CLS], GPT's last token, ELMo's two sentence ends) "
+        "(default: mean)\n"
+        "  --max-train-samples MAX_TRAIN_SAMPLES\n"
+        "                        fit on a seeded random draw of this many training examples "
+        "(default: 4000)\n"
+        "  --batch-size BATCH_SIZE\n"
+        "                        examples per forward (default: 64)\n"
+        "  --seed SEED           random seed (default: 0)\n"
+        "  --output-dir OUTPUT_DIR\n"
+        "                        write probe_results.json here (default: print only)\n"
+    )
+    + RUN_OPTIONS_HELP
+    + (
+        "\n"
+        "The probe's regularization is chosen per task: logistic regression's C from "
+        "0.0001..100 by the task's GLUE score on a held-out fifth of the training vectors, "
+        "ridge's alpha from 0.01..100000 by leave-one-out error; features are standardized. "
+        "The table gives each task's dev metrics, its score, the majority-label score it has "
+        "to beat and the chosen regularization. Example: egbert probe --model runs/bert-mini "
+        "--task sst2 stsb --data-dir data/glue --features last4-concat --output-dir "
+        "runs/bert-mini/probe\n"
+    )
+)
+
+
+def test_the_help_says_what_the_command_does(monkeypatch, capsys):
+    assert help_text("probe", monkeypatch, capsys) == PROBE_HELP
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -285,6 +560,34 @@ def test_bad_input_ends_in_one_line(args, expected, family_dirs, data_dir, tmp_p
     assert message.startswith("egbert probe: error: ") and expected in message, message
     assert "\n" not in message
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (
+            {"features": "last5"},
+            "--features 'last5' is not one of last, last4-concat, last4-sum, all-mean",
+        ),
+        ({"pool": "first"}, "--pool 'first' is not one of cls, mean"),
+        ({"max_train_samples": 0}, "--max-train-samples must be at least 1, got 0"),
+        ({"batch_size": -2}, "--batch-size must be at least 1, got -2"),
+    ],
+)
+def test_run_probe_refuses_a_bad_option_in_the_cli_s_words(option, expected, family_dirs, data_dir):
+    with pytest.raises(ConfigError) as error:
+        run_probe(family_dirs["bert"], "rte", data_dir / "glue", **option)
+    assert str(error.value) == expected
+
+
+def test_an_output_dir_inside_a_file_is_refused_before_any_work(family_dirs, tmp_path):
+    (tmp_path / "notes").write_text("a file\n")
+    with pytest.raises(ConfigError) as error:
+        run_probe(family_dirs["bert"], "rte", tmp_path / "no-glue", output_dir=tmp_path / "notes/p")
+    assert str(error.value) == (
+        f"--output-dir {tmp_path}/notes/p: {tmp_path}/notes is a file, not a folder; choose "
+        "another --output-dir"
+    )
 
 
 def test_a_missing_data_dir_or_model_is_one_line(family_dirs, data_dir, tmp_path, capsys):

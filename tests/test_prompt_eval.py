@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from model_calls import assert_bf16_and_device_are_the_options, model_calls
-from option_coverage import proves
+from option_coverage import CONFIG_OPTIONS_HELP, RUN_OPTIONS_HELP, help_text, proves
 from sklearn.metrics import accuracy_score
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -336,70 +336,51 @@ def test_the_model_runs_on_the_device_and_precision_given(gpt_dir, glue_dir):
 PROMPT_EVAL_HELP = (
     "usage: egbert prompt-eval [options]\n"
     "\n"
-    "k-shot prompting of a gpt model: each dev example follows k demonstrations from "
-    "the training split, and the label whose answer words the model finds likeliest "
-    "is the prediction. Scored with GLUE's metric; nothing is trained.\n"
+    "k-shot prompting of a gpt model: each dev example follows k demonstrations from the "
+    "training split, and the label whose answer words the model finds likeliest is the "
+    "prediction. Scored with GLUE's metric; nothing is trained.\n"
     "\n"
     "options:\n"
-    "  -h, --help            show this help message and exit\n"
-    "  --config FILE         YAML or JSON file of options (option or field names); "
-    "the command line\n"
-    "                        overrides it\n"
-    "  --print-config        print the resolved options as YAML (a file for "
-    "--config) and exit; a\n"
-    "                        comment on each line says where its value came from "
-    "(default, recipe,\n"
-    "                        config file or command line)\n"
-    "  --model DIR           the model directory, with its tokenizer\n"
-    "  --task TASK [TASK ...]\n"
-    "                        task(s) with a prompt format (sst2, cola, mrpc, rte, "
-    "qnli), or all\n"
-    "  --data-dir DIR        the GLUE folder (DIR/SST-2/train.tsv, ...)\n"
-    "  --shots SHOTS [SHOTS ...]\n"
-    "                        numbers of demonstrations, each scored separately "
-    "(default: 0)\n"
-    "  --calibrate, --no-calibrate\n"
-    "                        also report scores calibrated against a content-free "
-    '"N/A" input (default:\n'
-    "                        False)\n"
-    "  --max-eval-samples MAX_EVAL_SAMPLES\n"
-    "                        score a seeded random sample of this many dev examples "
-    "(default: all)\n"
-    "  --batch-size BATCH_SIZE\n"
-    "                        sequences per forward (default: 16)\n"
-    "  --seed SEED           random seed (default: 0)\n"
-    "  --output-dir OUTPUT_DIR\n"
-    "                        write prompt_eval_results.json here (default: print only)\n"
-    "  --device DEVICE       cpu, cuda, ... (default: cuda when available)\n"
-    "  --bf16, --no-bf16     bf16 autocast (default: where the device runs it faster "
-    "than fp32)\n"
-    "  --fp16, --no-fp16     fp16 autocast, for GPUs without bf16 (T4, V100); "
-    "instead of --bf16\n"
-    "                        (default: False)\n"
-    "  --allow-pickle, --no-allow-pickle\n"
-    "                        also load a pickle checkpoint (pytorch_model.bin, *.pt) "
-    "when the model\n"
-    "                        directory has no safetensors weights, with "
-    "torch.load(weights_only=True);\n"
-    "                        only for files you trust (default: False)\n"
-    "\n"
-    "For each k, one draw of demonstrations (balanced over the labels, seeded) "
-    "serves every example; whole demonstrations are dropped from the front when the "
-    "prompt would not fit the model's positions (the table's 'demonstrations kept' "
-    "column). QNLI has no train split in the shared data: its demonstrations come "
-    "from dev and are not scored. --calibrate divides each example's label "
-    'probabilities by those the same demonstrations give a content-free "N/A" '
-    "example (Zhao et al. 2021). Example: egbert prompt-eval --model runs/gpt-mini "
-    "--task sst2 rte --shots 0 4 16 --calibrate --max-eval-samples 500 --data-dir "
-    "data/glue\n"
+    + CONFIG_OPTIONS_HELP
+    + (
+        "  --model DIR           the model directory, with its tokenizer\n"
+        "  --task TASK [TASK ...]\n"
+        "                        task(s) with a prompt format (sst2, cola, mrpc, rte, qnli), "
+        "or all\n"
+        "  --data-dir DIR        the GLUE folder (DIR/SST-2/train.tsv, ...)\n"
+        "  --shots SHOTS [SHOTS ...]\n"
+        "                        numbers of demonstrations, each scored separately (default: "
+        "0)\n"
+        "  --calibrate, --no-calibrate\n"
+        '                        also report scores calibrated against a content-free "N/A" '
+        "input (default:\n"
+        "                        False)\n"
+        "  --max-eval-samples MAX_EVAL_SAMPLES\n"
+        "                        score a seeded random sample of this many dev examples "
+        "(default: all)\n"
+        "  --batch-size BATCH_SIZE\n"
+        "                        sequences per forward (default: 16)\n"
+        "  --seed SEED           random seed (default: 0)\n"
+        "  --output-dir OUTPUT_DIR\n"
+        "                        write prompt_eval_results.json here (default: print only)\n"
+    )
+    + RUN_OPTIONS_HELP
+    + (
+        "\n"
+        "For each k, one draw of demonstrations (balanced over the labels, seeded) serves "
+        "every example; whole demonstrations are dropped from the front when the prompt "
+        "would not fit the model's positions (the table's 'demonstrations kept' column). "
+        "QNLI has no train split in the shared data: its demonstrations come from dev and "
+        "are not scored. --calibrate divides each example's label probabilities by those the "
+        'same demonstrations give a content-free "N/A" example (Zhao et al. 2021). Example: '
+        "egbert prompt-eval --model runs/gpt-mini --task sst2 rte --shots 0 4 16 --calibrate "
+        "--max-eval-samples 500 --data-dir data/glue\n"
+    )
 )
 
 
 def test_the_help_says_what_the_command_does(monkeypatch, capsys):
-    monkeypatch.setenv("COLUMNS", "100")
-    with pytest.raises(SystemExit):
-        cli_main(["prompt-eval", "--help"])
-    assert capsys.readouterr().out == PROMPT_EVAL_HELP
+    assert help_text("prompt-eval", monkeypatch, capsys) == PROMPT_EVAL_HELP
 
 
 def tsv_labels(path: Path) -> list[str]:

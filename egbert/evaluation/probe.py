@@ -80,6 +80,8 @@ RESULTS_FILE = "probe_results.json"
 C_GRID = tuple(float(c) for c in np.logspace(-4, 2, 7))  # 1e-4 ... 100
 ALPHA_GRID = tuple(float(a) for a in np.logspace(-2, 5, 8))  # 0.01 ... 1e5
 HOLDOUT_FRACTION = 0.2
+# the tasks with a training split to fit the probe on (ax has none)
+PROBED_TASKS = tuple(name for name, task in GLUE_TASKS.items() if not task.trained_as)
 
 # Where each family sums a sentence up, as its fine-tuning head does (egbert.models.heads), in
 # terms of `embed`'s pools: BERT's first token, GPT's last real token, and for ELMo the forward
@@ -304,8 +306,7 @@ def run_probe(
     Returns:
         {"model", "options", "tasks": {name: {"metrics": {split: {metric: value}}, "score",
         "majority_score", "n_train", "n_dev", "feature_size", "regularization", "seconds"}},
-        "glue_average": {"score", "tasks"} over the GLUE tasks among them, or None}; metric
-        values and scores are fractions.
+        "glue_average": {"score", "tasks"}}; metric values and scores are fractions.
     """
     check_probe_options(features, pool, max_train_samples, batch_size)
     if output_dir is not None:
@@ -341,12 +342,9 @@ def run_probe(
         ),
         fp16=fp16,
     )
-    scores = {name: result["score"] for name, result in report["tasks"].items()}
-    average = glue_average(scores)
-    if average is not None:
-        report["glue_average"] = {"score": average.score, "tasks": list(average.tasks)}
-    else:
-        report["glue_average"] = None
+    # never None: every task the probe takes is GLUE-scored (ax, with no training split, is not)
+    average = glue_average({name: result["score"] for name, result in report["tasks"].items()})
+    report["glue_average"] = {"score": average.score, "tasks": list(average.tasks)}
     if output_dir is not None:
         results.write_results(report, output_dir, RESULTS_FILE)
     return report
@@ -407,7 +405,7 @@ def build_parser() -> ArgumentParser:
     )
     results.add_model_and_task_arguments(
         parser,
-        f"GLUE task(s) ({', '.join(GLUE_TASKS)}), or all: those with train and dev files in "
+        f"GLUE task(s) ({', '.join(PROBED_TASKS)}), or all: those with train and dev files in "
         "--data-dir",
     )
     parser.add_argument(
