@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -23,7 +24,13 @@ import egbert
 from egbert.cli import main as cli_main
 from egbert.errors import ConfigError, DataError
 from egbert.pretrain.corpus import build_examples
-from egbert.pretrain.prepared_folder import PreparedFolder, folder_for_run
+from egbert.pretrain.options import DataArguments, ObjectiveArguments
+from egbert.pretrain.prepared_folder import (
+    PreparedFolder,
+    files_hash,
+    folder_for_run,
+    read_manifest,
+)
 from egbert.pretrain.run import parse_pretrain_args, pretrain_arguments
 from egbert.pretrain.shard_writer import token_dtype, write_examples
 
@@ -353,6 +360,18 @@ def _truncate(path: Path, size: int) -> None:
         handle.truncate(size)
 
 
+def _append(path: Path, data: bytes) -> None:
+    with path.open("ab") as handle:
+        handle.write(data)
+
+
+def _edit_npy(path: Path, value, at: int) -> None:
+    """Entry `at` of a shard's .npy set to value(array), in the same dtype and shape."""
+    array = np.load(path)
+    array[at] = value(array)
+    np.save(path, array)
+
+
 def _edit_manifest(folder: Path, edit) -> None:
     manifest = json.loads((folder / "manifest.json").read_text())
     edit(manifest)
@@ -385,6 +404,15 @@ DAMAGES = [
     ("the tokenizer's file changed",
      lambda f: (f / "tokenizer/tokenizer.json").write_text("{}"),
      "tokenizer", "not the tokenizer the examples were made with"),
+    ("the offsets' end edited (the file's size unchanged)",
+     lambda f: _edit_npy(f / "train/00000.offsets.npy", lambda a: a[-1] - 1, at=-1),
+     "train/00000.offsets.npy", "entries, where the manifest's"),
+    ("a shard's file deleted",
+     lambda f: (f / "train/00000.next_sentence_label.npy").unlink(),
+     "train/00000.next_sentence_label.npy", "missing; the folder"),
+    ("a shard's .npy grown (its header, and so its shape, unchanged)",
+     lambda f: _append(f / "train/00000.segment_b_start.npy", b"\0" * 8),
+     "train/00000.segment_b_start.npy", "bytes, where the manifest says"),
 ]  # fmt: skip
 
 
@@ -425,7 +453,9 @@ def test_a_damaged_folder_is_refused_in_one_line_before_anything_is_written(
     argv = ["pretrain", "--model", "bert", "--data", str(folder), "--seq-len", "32"]
     message = _one_line_error([*argv, "--output-dir", str(out), "--report-to", "none"])
     assert f"{folder / named}: " in message and expected in message, message
-    assert "is damaged: delete it and run `egbert prepare` again" in message
+    assert message.endswith(
+        f"the folder {folder} is damaged: delete it and run `egbert prepare` again"
+    )
     assert not out.exists()  # no train.log, no checkpoint
     verify = ["prepare", "--model", "bert", "--output-dir", str(folder), "--verify"]
     assert _one_line_error(verify) == message.replace("egbert pretrain", "egbert prepare")
@@ -483,7 +513,11 @@ def test_verify_hashes_every_file_where_opening_checks_sizes(small_folder, tmp_p
     _flip_a_byte(folder / "train/00000.input_ids.bin")
     PreparedFolder(folder)  # sizes and counts still agree: opening does not hash
     message = _one_line_error(["prepare", "--output-dir", str(folder), "--verify"])
-    assert f"{folder}/train/00000.input_ids.bin: its sha256 is not the one the manifest" in message
+    assert message.endswith(
+        f"{folder}/train/00000.input_ids.bin: its sha256 is not the one the manifest records (the "
+        f"file changed after `egbert prepare` wrote it); the folder {folder} is damaged: delete "
+        "it and run `egbert prepare` again"
+    )
 
 
 def test_a_folder_prepared_before_the_checksums_stays_readable(small_folder, tmp_path):
@@ -495,9 +529,182 @@ def test_a_folder_prepared_before_the_checksums_stays_readable(small_folder, tmp
     (folder / "manifest.json").write_text(json.dumps(manifest))
     examples = PreparedFolder(folder).examples("train")
     assert len(examples) == manifest["splits"]["train"]["examples"] > 10
-    _truncate(folder / "train/00000.input_ids.bin", 6000)  # still caught: by the counts
-    with pytest.raises(DataError, match="6,000 bytes, where the manifest says"):
+    ids = folder / "train/00000.input_ids.bin"
+    size = ids.stat().st_size
+    _truncate(ids, 6000)  # still caught: by the counts
+    with pytest.raises(DataError) as error:
         PreparedFolder(folder)
+    damaged = f"the folder {folder} is damaged: delete it and run `egbert prepare` again"
+    assert str(error.value) == f"{ids}: 6,000 bytes, where the manifest says {size:,}; {damaged}"
     shutil.copy(small_folder / "train/00000.input_ids.bin", folder / "train")
-    with pytest.raises(DataError, match="records no checksums"):
+    with pytest.raises(DataError) as error:
         PreparedFolder(folder).verify_checksums()
+    assert str(error.value) == (
+        f"{folder}/manifest.json records no checksums (an older egbert wrote it); to verify "
+        "every byte, delete the folder and prepare it again"
+    )
+    # NSP's per-example arrays are counted too, and a missing .npy is named
+    examples = manifest["splits"]["train"]["shards"][0]["examples"]
+    labels = folder / "train/00000.next_sentence_label.npy"
+    np.save(labels, np.load(labels)[:-1])
+    with pytest.raises(DataError) as error:
+        PreparedFolder(folder)
+    tokens = manifest["splits"]["train"]["shards"][0]["tokens"]
+    assert str(error.value) == (
+        f"{labels}: {examples - 1:,} entries, where the manifest's {examples:,} examples and "
+        f"{tokens:,} tokens need {examples:,}; {damaged}"
+    )
+    offsets = folder / "train/00000.offsets.npy"
+    offsets.write_bytes(b"not numpy")
+    with pytest.raises(DataError) as error:
+        PreparedFolder(folder)
+    assert str(error.value).startswith(f"{offsets}: not a readable .npy (")
+    assert str(error.value).endswith(damaged)
+    offsets.unlink()
+    with pytest.raises(DataError) as error:
+        PreparedFolder(folder)
+    assert str(error.value) == f"{offsets}: missing; {damaged}"
+
+
+# ---------------------------------------------------------------- breaks mutation testing found
+# (docs/testing.md, pretrain/prepared_folder): expectations from hashlib, or the words written out
+
+
+def test_the_tokenizer_hash_is_sha256_of_each_file_s_name_and_bytes_in_name_order(tmp_path):
+    """The hash a manifest records: a change of it would refuse every folder prepared before."""
+    (tmp_path / "b.txt").write_bytes(b"world")
+    (tmp_path / "a.txt").write_bytes(b"hello")
+    expected = hashlib.sha256(b"a.txt\0hello\0b.txt\0world\0").hexdigest()
+    assert files_hash(tmp_path) == expected
+
+
+@pytest.mark.parametrize(
+    ("content", "found"),
+    [
+        (b"\xff\xfe{", "not valid JSON; the folder {folder} is damaged"),
+        (b'{\n  "format": }', "not valid JSON at line 2; the folder {folder} is damaged"),
+        (b"[1]", "format None, this egbert reads 'egbert-prepared/1'; prepare it again"),
+        (b'{"format": "other/2"}', "format 'other/2', this egbert reads 'egbert-prepared/1'"),
+    ],
+)
+def test_a_manifest_not_json_or_of_another_format_is_refused_in_one_line(content, found, tmp_path):
+    (tmp_path / "manifest.json").write_bytes(content)
+    with pytest.raises(DataError) as error:
+        read_manifest(tmp_path)
+    assert str(error.value).startswith(
+        f"{tmp_path / 'manifest.json'}: {found.format(folder=tmp_path)}"
+    )
+
+
+def test_a_folder_without_a_manifest_is_refused_naming_the_command_that_makes_one(tmp_path):
+    with pytest.raises(DataError) as error:
+        read_manifest(tmp_path)
+    assert (
+        str(error.value)
+        == f"{tmp_path}: no manifest.json there; make the folder with `egbert prepare`"
+    )
+
+
+def test_a_manifest_missing_a_field_is_refused_naming_it(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"format": "egbert-prepared/1"}')
+    with pytest.raises(DataError) as error:
+        PreparedFolder(tmp_path)
+    assert str(error.value) == (
+        f"{tmp_path / 'manifest.json'}: a field is missing or malformed (KeyError('family')); "
+        f"the folder {tmp_path} is damaged: delete it and run `egbert prepare` again"
+    )
+
+
+def test_static_masks_prepared_before_the_checksums_are_checked_by_their_size(
+    corpus, tiny_tokenizer_dir, tmp_path
+):
+    """bert with --dupe-factor 2 keeps its masks' labels in labels.bin (int32, one a token): a
+    folder without recorded file sizes still refuses one cut short."""
+    lines = corpus["train"].read_text(encoding="utf-8").splitlines(keepends=True)[:60]
+    text = tmp_path / "short.tokens"
+    text.write_text("".join(lines), encoding="utf-8")
+    extra = {"nsp": False, "dupe_factor": 2, "validation_files": []}
+    run_options = options("bert", tiny_tokenizer_dir, {"train": text, "valid": text}, **extra)
+    folder = Path(egbert.prepare_corpus(**run_options, output_dir=str(tmp_path / "f"))["folder"])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (shard,) = manifest["splits"]["train"]["shards"]
+    del shard["files"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    examples = PreparedFolder(folder).examples("train")
+    assert examples[0]["labels"].dtype == examples[0]["input_ids"].dtype == np.int64
+    assert not examples._shard(0)["labels"].flags.writeable  # mapped read-only
+    labels = folder / "train/00000.labels.bin"
+    assert labels.stat().st_size == 4 * shard["tokens"]
+    _truncate(labels, 4 * shard["tokens"] - 4)
+    with pytest.raises(DataError) as error:
+        PreparedFolder(folder)
+    assert str(error.value).startswith(
+        f"{labels}: {4 * shard['tokens'] - 4:,} bytes, where the manifest says "
+        f"{4 * shard['tokens']:,}; the folder {folder} is damaged"
+    )
+
+
+def test_a_run_s_identity_of_its_folder_is_the_path_and_the_manifest_s_hash(small_folder):
+    """What checkpoints record, so that a resumed run refuses another folder or manifest."""
+    manifest = (small_folder / "manifest.json").read_bytes()
+    assert PreparedFolder(small_folder).identity() == {
+        "prepared": str(small_folder.resolve()),
+        "manifest_sha256": hashlib.sha256(manifest).hexdigest()[:16],
+    }
+
+
+@pytest.mark.parametrize(
+    "corpus_option",
+    [{"train_files": ["a.txt"]}, {"validation_files": ["b.txt"]}, {"dataset": "wikitext"}]
+    + [{"streaming": True}],
+)
+def test_a_folder_refuses_each_option_that_names_another_corpus(corpus_option, small_folder):
+    args = DataArguments(data=str(small_folder), seq_len=32, **corpus_option)
+    with pytest.raises(ConfigError) as error:
+        PreparedFolder(small_folder).check_run("bert", args, ObjectiveArguments())
+    assert str(error.value) == (
+        f"--data {small_folder} holds the training and validation examples; leave out "
+        "--train-files, --validation-files, --dataset and --streaming"
+    )
+
+
+def test_a_folder_names_every_option_that_differs_set_on_one_side_only_or_both(small_folder):
+    """small_folder holds bert's default pairs (nsp, short_seq_prob 0.1, dupe_factor 1)."""
+    folder, args = PreparedFolder(small_folder), DataArguments(data=str(small_folder), seq_len=32)
+    folder.check_run("bert", args, ObjectiveArguments())  # the same options: accepted
+    with pytest.raises(ConfigError) as error:
+        folder.check_run("bert", args, ObjectiveArguments(nsp=False, dupe_factor=2))
+    assert str(error.value) == (
+        f"--data {small_folder} was prepared with other options (dupe_factor 1 there, 2 here; "
+        "mlm_probability (unset) there, 0.15 here; nsp True there, False here; short_seq_prob "
+        "0.1 there, (unset) here; whole_word_mask (unset) there, False here); pass the folder's "
+        "options or prepare it again"
+    )
+
+
+def test_another_tokenizer_given_with_a_folder_is_refused_naming_the_folder_s(
+    small_folder, word_tokenizer
+):
+    expected = json.loads((small_folder / "manifest.json").read_text())["tokenizer"]["sha256"]
+    with pytest.raises(ConfigError) as error:
+        PreparedFolder(small_folder).load_tokenizer(str(word_tokenizer))
+    assert str(error.value) == (
+        f"--tokenizer {word_tokenizer} is not the tokenizer {small_folder} was prepared with "
+        f"(sha256 {expected[:12]}...); leave --tokenizer out to use the folder's"
+    )
+
+
+def test_an_example_is_int64_arrays_read_only_mapped_and_one_past_the_end_is_an_index_error(
+    small_folder,
+):
+    examples = PreparedFolder(small_folder).examples("train")
+    example = examples[0]
+    assert example["input_ids"].dtype == example["token_type_ids"].dtype == np.int64
+    assert type(example["next_sentence_label"]) is int
+    with pytest.raises(IndexError) as error:
+        examples[len(examples)]
+    assert str(error.value) == f"example {len(examples)} of {len(examples)}"
+    # the shards are mapped read-only, and a pickled copy (a loader worker's) maps its own
+    assert not any(array.flags.writeable for array in examples._shard(0).values())
+    copy = pickle.loads(pickle.dumps(examples))
+    assert copy._shards == {} and as_lists(copy[3]) == as_lists(examples[3])
