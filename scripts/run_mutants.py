@@ -38,7 +38,7 @@ import pytest
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("module", help="the module's path under egbert/, e.g. evaluation/probe")
     parser.add_argument("--tests", required=True, help="comma-separated test files (stage 2)")
     parser.add_argument("--out", required=True, type=Path, help="results JSON (continued)")
