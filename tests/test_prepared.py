@@ -355,6 +355,11 @@ def test_sigkill_then_resume_from_a_folder_equals_a_clean_run(
 # ---------------------------------------------------------------- damaged folders
 
 
+def damaged(folder: Path) -> str:
+    """How every refusal of a damaged folder ends (written out, not egbert's helper)."""
+    return f"the folder {folder} is damaged: delete it and run `egbert prepare` again"
+
+
 def _truncate(path: Path, size: int) -> None:
     with path.open("r+b") as handle:
         handle.truncate(size)
@@ -453,9 +458,7 @@ def test_a_damaged_folder_is_refused_in_one_line_before_anything_is_written(
     argv = ["pretrain", "--model", "bert", "--data", str(folder), "--seq-len", "32"]
     message = _one_line_error([*argv, "--output-dir", str(out), "--report-to", "none"])
     assert f"{folder / named}: " in message and expected in message, message
-    assert message.endswith(
-        f"the folder {folder} is damaged: delete it and run `egbert prepare` again"
-    )
+    assert message.endswith(damaged(folder))
     assert not out.exists()  # no train.log, no checkpoint
     verify = ["prepare", "--model", "bert", "--output-dir", str(folder), "--verify"]
     assert _one_line_error(verify) == message.replace("egbert pretrain", "egbert prepare")
@@ -534,8 +537,8 @@ def test_a_folder_prepared_before_the_checksums_stays_readable(small_folder, tmp
     _truncate(ids, 6000)  # still caught: by the counts
     with pytest.raises(DataError) as error:
         PreparedFolder(folder)
-    damaged = f"the folder {folder} is damaged: delete it and run `egbert prepare` again"
-    assert str(error.value) == f"{ids}: 6,000 bytes, where the manifest says {size:,}; {damaged}"
+    expected = f"{ids}: 6,000 bytes, where the manifest says {size:,}; {damaged(folder)}"
+    assert str(error.value) == expected
     shutil.copy(small_folder / "train/00000.input_ids.bin", folder / "train")
     with pytest.raises(DataError) as error:
         PreparedFolder(folder).verify_checksums()
@@ -552,18 +555,18 @@ def test_a_folder_prepared_before_the_checksums_stays_readable(small_folder, tmp
     tokens = manifest["splits"]["train"]["shards"][0]["tokens"]
     assert str(error.value) == (
         f"{labels}: {examples - 1:,} entries, where the manifest's {examples:,} examples and "
-        f"{tokens:,} tokens need {examples:,}; {damaged}"
+        f"{tokens:,} tokens need {examples:,}; {damaged(folder)}"
     )
     offsets = folder / "train/00000.offsets.npy"
     offsets.write_bytes(b"not numpy")
     with pytest.raises(DataError) as error:
         PreparedFolder(folder)
     assert str(error.value).startswith(f"{offsets}: not a readable .npy (")
-    assert str(error.value).endswith(damaged)
+    assert str(error.value).endswith(damaged(folder))
     offsets.unlink()
     with pytest.raises(DataError) as error:
         PreparedFolder(folder)
-    assert str(error.value) == f"{offsets}: missing; {damaged}"
+    assert str(error.value) == f"{offsets}: missing; {damaged(folder)}"
 
 
 # ---------------------------------------------------------------- breaks mutation testing found
@@ -611,7 +614,7 @@ def test_a_manifest_missing_a_field_is_refused_naming_it(tmp_path):
         PreparedFolder(tmp_path)
     assert str(error.value) == (
         f"{tmp_path / 'manifest.json'}: a field is missing or malformed (KeyError('family')); "
-        f"the folder {tmp_path} is damaged: delete it and run `egbert prepare` again"
+        + damaged(tmp_path)
     )
 
 

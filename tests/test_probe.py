@@ -252,11 +252,11 @@ def held_out_choice(vectors: np.ndarray, labels: np.ndarray, seed: int) -> float
     fit_x, held_x, fit_y, held_y = train_test_split(
         vectors, labels, test_size=len(labels) // 5, stratify=labels, random_state=seed
     )
-    accuracies = []
-    for c in (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0):
+    grid, accuracies = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0), []
+    for c in grid:
         probe = make_pipeline(StandardScaler(), LogisticRegression(C=c, solver="newton-cg"))
         accuracies.append(accuracy_score(held_y, probe.fit(fit_x, fit_y).predict(held_x)))
-    return (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)[int(np.argmax(accuracies))]
+    return grid[int(np.argmax(accuracies))]
 
 
 def test_c_is_chosen_by_accuracy_on_a_stratified_fifth_held_out_with_the_seed():
