@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +18,13 @@ import torch
 import warm_python as warm
 from accelerate.state import AcceleratorState, GradientState
 
+# The suite's datasets caches (from_generator's Arrow files, load_dataset's) go to a folder of its
+# own, removed when the run ends: in ~/.cache/huggingface they grew by gigabytes over a few runs
+# until the disk was full. The first pytest process makes it; xdist's workers inherit it.
+if "EGBERT_TEST_DATASETS_CACHE" not in os.environ:
+    os.environ["EGBERT_TEST_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="egbert-test-datasets-")
+    atexit.register(shutil.rmtree, os.environ["EGBERT_TEST_DATASETS_CACHE"], ignore_errors=True)
+os.environ["HF_DATASETS_CACHE"] = os.environ["EGBERT_TEST_DATASETS_CACHE"]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
