@@ -6,9 +6,11 @@ mutants `mutmut run` generated (`mutants/`, the module's `.meta` file and the te
 `mutmut-stats.json`), imports the heavy libraries once and forks a child per mutant that runs
 pytest in-process with MUTANT_UNDER_TEST set (mutmut's trampolines read it on every call):
 
-1. the tests the mapping names for the mutant's function, after the listed tests it does not
-   know (written after the mapping was made);
-2. for a mutant those leave alive, the whole of the --tests files.
+1. the tests the mapping names for the mutant's function (those that call it), then the listed
+   tests it does not know (written after the mapping was made);
+2. for a mutant those leave alive, the whole of the --tests files (not with --mapped-only: the
+   tests step 1 leaves out do not call the function, so step 2 kills little and costs the
+   whole files' time a survivor).
 
 Two children at a time, each under a time limit; results go to a JSON file ({name: [outcome,
 exit code, stage]}) that a rerun continues. The mutants and mapping must be current: run
@@ -44,6 +46,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", required=True, type=Path, help="results JSON (continued)")
     parser.add_argument("--mutants-dir", type=Path, default=Path("mutants"))
     parser.add_argument("--only", default="", help="comma-separated mutant names to run")
+    parser.add_argument(
+        "--mapped-only",
+        action="store_true",
+        help="stop at step 1: a survivor is not run against the whole files (faster)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="children at a time (default: 2)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per child")
     return parser.parse_args()
@@ -107,7 +114,7 @@ def main() -> None:
         if stage == 2:
             return files
         function = name.rsplit("__mutmut_", 1)[0]
-        return unmapped + [test for test in mapping.get(function, []) if test in existing]
+        return [test for test in mapping.get(function, []) if test in existing] + unmapped
 
     running: dict[int, tuple[str, int, float]] = {}
     while queue or running:
@@ -125,7 +132,7 @@ def main() -> None:
         code = os.waitstatus_to_exitcode(status)
         if code == 4:
             sys.exit(f"pytest could not run the tests of {name} (exit 4): a test id not found?")
-        if code in (0, 5) and stage == 1:
+        if code in (0, 5) and stage == 1 and not args.mapped_only:
             queue.insert(0, (name, 2))
             continue
         outcome = "survived" if code in (0, 5) else "killed" if code > 0 else "timeout"

@@ -580,14 +580,17 @@ def test_seed_draws_the_static_masks_and_the_pairs(
 def test_num_proc_builds_the_examples_in_that_many_processes(
     command, paragraphs, tiny_tokenizer_dir, tmp_path, monkeypatch, capfd
 ):
-    """The same examples; `datasets` maps them in 2 processes (its progress bar says so)."""
+    """The same examples; `datasets` maps them in 2 processes (its progress bars say so, one a
+    map: tokens, then pairs)."""
     argv = bert_argv(tiny_tokenizer_dir, paragraphs)
     one, _ = built(command, tmp_path / "one", argv)
     # a cache of its own: the second build runs its maps rather than reading the first's
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "second-cache")
     capfd.readouterr()
     two, _ = built(command, tmp_path / "two", [*argv, "--num-proc", "2"])
-    assert "(num_proc=2)" in capfd.readouterr().err
+    progress = capfd.readouterr().err
+    assert "tokenizing (num_proc=2)" in progress
+    assert "building NSP pairs (num_proc=2)" in progress
     assert two == one
 
 

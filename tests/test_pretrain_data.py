@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import ast
+import collections
+import inspect
+import itertools
 import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import datasets
 import numpy as np
 import pytest
 import torch
-from datasets import Dataset
+from datasets import Dataset, Features, List, Value
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -161,13 +166,58 @@ def test_hub_loader_accepts_a_local_data_set_folder(tmp_path: Path):
 # ---------------------------------------------------------------- tokens
 
 
+def documented_signatures(doc: str) -> dict[str, dict[str, Any]]:
+    """The signatures a module's docstring writes out, `name(arg, arg=default, ...)`: each
+    function's parameters in order, with their defaults (`inspect.Parameter.empty` for none)."""
+    signatures = {}
+    for match in re.finditer(r"^ {4}(\w+)\(([^)]*)\)", doc, flags=re.MULTILINE):
+        name, parameters = match.group(1), " ".join(match.group(2).split())
+        arguments = ast.parse(f"def {name}({parameters}): pass").body[0].args
+        required = [None] * (len(arguments.args) - len(arguments.defaults))
+        written = zip(
+            [*arguments.args, *arguments.kwonlyargs],
+            [*required, *arguments.defaults, *arguments.kw_defaults],
+            strict=True,
+        )
+        signatures[name] = {
+            argument.arg: inspect.Parameter.empty if node is None else ast.literal_eval(node)
+            for argument, node in written
+        }
+    return signatures
+
+
+def documented_defaults(name: str) -> dict[str, Any]:
+    parameters = documented_signatures(data.__doc__)[name].items()
+    return {name: value for name, value in parameters if value is not inspect.Parameter.empty}
+
+
+def test_the_functions_defaults_are_those_the_module_doc_states(tokenizer):
+    """Their signatures, and what a call that leaves the options out does: the same as one that
+    gives the documented defaults."""
+    docs, _ = numbered_documents([[3, 4, 5] * 20] * 3)
+    specials = {"cls_id": CLS, "sep_id": SEP}
+    for build in (data.build_nsp_examples, data.build_mlm_examples):
+        given = build(docs, **specials, **documented_defaults(build.__name__))["input_ids"]
+        assert build(docs, **specials)["input_ids"] == given, build.__name__
+    pairs = Dataset.from_dict(data.build_nsp_examples(docs, 32, **specials).to_dict())
+    given = data.add_static_masks(pairs, tokenizer, **documented_defaults("add_static_masks"))
+    assert data.add_static_masks(pairs, tokenizer)["labels"] == given["labels"]
+
+    documented = documented_signatures(data.__doc__)
+    assert set(documented) >= {"tokenize_documents", "build_nsp_examples", "add_static_masks"}
+    for name, parameters in documented.items():
+        signature = inspect.signature(getattr(data, name)).parameters.values()
+        assert [(p.name, p.default) for p in signature] == [*parameters.items()], name
+
+
 def test_tokenize_documents_splits_sentences_without_special_tokens(tmp_path: Path, tokenizer):
     corpus = write(
-        tmp_path / "c.txt", "The cat sat . The dog ran !\nA bird flew .\n\nOther doc .\n"
+        tmp_path / "c.txt", "The cat sat . The dog ran !\nA bird flew\nit sang .\n\nOther doc .\n"
     )
     docs = sources.read_documents([corpus])
     tokenized = data.tokenize_documents(docs, tokenizer)
-    expected = [["The cat sat .", "The dog ran !", "A bird flew ."], ["Other doc ."]]
+    # a line ends a sentence, with or without a stop
+    expected = [["The cat sat .", "The dog ran !", "A bird flew", "it sang ."], ["Other doc ."]]
     for document, sentences in zip(tokenized["input_ids"], expected, strict=True):
         assert document == [tokenizer.encode(s, add_special_tokens=False) for s in sentences]
     whole = data.tokenize_documents(docs, tokenizer, split_sentences=False)
@@ -260,8 +310,46 @@ def test_nsp_pairs_are_well_formed(sentence_lengths, max_seq_length, seed):
         doc_b, start_b = where[tokens_b[0]]
         if example["next_sentence_label"] == 0:
             assert doc_a == doc_b and start_b > end_a
+            # A ends at a sentence end where its chunk (A and B) holds one
+            ends = set(itertools.accumulate(sentence_lengths[doc_a]))
+            chunk = range(where[tokens_a[0]][1] + 1, where[tokens_b[-1]][1] + 1)
+            if ends.intersection(chunk):
+                assert end_a + 1 in ends
         else:
             assert doc_a != doc_b
+
+
+def test_short_pairs_take_every_length_from_2_up():
+    """short_seq_prob 1: every chunk's length is drawn from 2 to max_seq_length - 3."""
+    docs, _ = numbered_documents([[3] * 70])
+    pairs = data.build_nsp_examples(
+        docs, 8, cls_id=CLS, sep_id=SEP, short_seq_prob=1.0, nsp_probability=0.0
+    )
+    lengths = [len(ids) - 3 for ids in pairs["input_ids"]]
+    assert set(lengths[:-1]) == {2, 3, 4, 5}  # the last is what the document had left
+
+
+def test_a_notnext_span_fills_the_chunk_unless_its_document_ends_first():
+    """B of a NotNext pair is the chunk's target length less A's, in consecutive tokens across
+    the other document's sentences, fewer only at that document's end."""
+    docs, where = numbered_documents([[2, 3, 1, 2, 3]] * 12)
+    pairs = data.build_nsp_examples(
+        docs, 12, cls_id=CLS, sep_id=SEP, nsp_probability=1.0, short_seq_prob=0.0
+    )
+    filled = 0
+    for pair in pairs:
+        tokens_a, tokens_b = segments(pair)
+        if where[tokens_b[-1]][1] < 10:  # not the last token of its document
+            assert len(tokens_a) + len(tokens_b) == 9
+            filled += 1
+    assert filled >= 10
+
+
+def test_a_notnext_span_of_a_long_sentence_starts_anywhere_in_it():
+    docs, where = numbered_documents([[100], [100]])
+    pairs = data.build_nsp_examples(docs, 16, cls_id=CLS, sep_id=SEP, nsp_probability=1.0)
+    starts = {where[segments(pair)[1][0]][1] for pair in pairs}
+    assert len(starts) >= 5 and max(starts) > 50
 
 
 def document_positions(pair: dict, where: dict[int, tuple]) -> list[tuple]:
@@ -335,20 +423,63 @@ def test_nsp_pairs_do_not_depend_on_the_number_of_processes():
     assert one["next_sentence_label"] == two["next_sentence_label"]
 
 
+# The columns of BERT's examples, cached or streamed: int8 labels and segment ids, a quarter of
+# the disk and memory of the int64 that `datasets` would infer.
+NSP_COLUMNS = Features(
+    {
+        "input_ids": List(Value("int32")),
+        "token_type_ids": List(Value("int8")),
+        "next_sentence_label": Value("int8"),
+        "new_corpus_tokens": Value("int32"),
+    }
+)
+
+
+def test_a_pair_needs_a_length_of_five_and_five_makes_pairs():
+    docs, _ = numbered_documents([[3, 3]] * 2)
+    with pytest.raises(ConfigError, match=r"^max_seq_length 4 is too small for a pair; use >= 5$"):
+        data.build_nsp_examples(docs, 4, cls_id=CLS, sep_id=SEP)
+    pairs = data.build_nsp_examples(docs, 5, cls_id=CLS, sep_id=SEP)
+    assert pairs.features == NSP_COLUMNS
+    assert len(pairs) >= 6 and all(len(ids) <= 5 for ids in pairs["input_ids"])
+
+
 def test_streaming_nsp_pairs_are_well_formed():
     docs, where = numbered_documents([[4, 6, 5, 8]] * 30)
-    pairs = list(
-        data.build_nsp_examples(docs.to_iterable_dataset(), 24, cls_id=CLS, sep_id=SEP, seed=0)
-    )
+    stream = data.build_nsp_examples(docs.to_iterable_dataset(), 24, cls_id=CLS, sep_id=SEP)
+    assert stream.features == NSP_COLUMNS
+    pairs = list(stream)
     assert 0.3 < np.mean([pair["next_sentence_label"] for pair in pairs]) < 0.7
+    drawn_from, cuts = set(), collections.defaultdict(list)
     for pair in pairs:
         tokens_a, tokens_b = segments(pair)
         assert len(pair["input_ids"]) <= 24 and tokens_a and tokens_b
         doc_a, doc_b = where[tokens_a[0]][0], where[tokens_b[0]][0]
+        cuts[doc_a].append((len(tokens_a), pair["next_sentence_label"]))
         if pair["next_sentence_label"] == 0:
             assert doc_a == doc_b
-        elif doc_a > 0:  # the first document has no other one to draw from yet
+        else:  # from one of the group's other documents, any of them
             assert doc_a != doc_b
+            drawn_from.add(doc_b)
+    assert len(drawn_from) >= 15
+    # each document draws its own cuts and labels, though all have the same sentence lengths
+    assert len({tuple(cut) for cut in cuts.values()}) >= 10
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["cached", "streamed"])
+@pytest.mark.parametrize("count", [1, 2])
+def test_notnext_segments_come_from_the_other_document_or_the_only_one(count, streaming):
+    """Two documents: B of a NotNext pair is the other one's; one document: its own."""
+    docs, where = numbered_documents([[3, 4, 3, 5, 2, 4, 3] * 3] * count)
+    built = data.build_nsp_examples(
+        docs.to_iterable_dataset() if streaming else docs, 8, cls_id=CLS, sep_id=SEP, seed=1
+    )
+    pairs = [pair for pair in built if pair["next_sentence_label"] == 1]
+    assert len(pairs) >= 3
+    for pair in pairs:
+        tokens_a, tokens_b = segments(pair)
+        doc_a, doc_b = where[tokens_a[0]][0], where[tokens_b[0]][0]
+        assert doc_b == (1 - doc_a if count == 2 else 0)
 
 
 # ---------------------------------------------------------------- masking
@@ -618,6 +749,34 @@ def test_static_masks_pass_through_the_collator(wiki_tokenized, tokenizer):
         assert batch["input_ids"][row, :n].tolist() == example["input_ids"]
 
 
+def test_static_masks_take_max_predictions_and_num_proc(wiki_tokenized, tokenizer, capfd):
+    """At most max_predictions labels a row; num_proc processes (the progress bar says so) make
+    the same masks as one."""
+    built = data.build_nsp_examples(
+        wiki_tokenized.select(range(2)),
+        32,
+        cls_id=tokenizer.cls_token_id,
+        sep_id=tokenizer.sep_token_id,
+    )
+    pairs = Dataset.from_dict(built.to_dict())  # in memory: each map runs, none is read back
+
+    def most_labels(masked: Dataset) -> int:
+        return max(sum(label != -100 for label in labels) for labels in masked["labels"])
+
+    assert most_labels(data.add_static_masks(pairs, tokenizer)) > 2
+    one = data.add_static_masks(pairs, tokenizer, max_predictions=2)
+    assert most_labels(one) == 2
+    capfd.readouterr()
+    two = data.add_static_masks(pairs, tokenizer, max_predictions=2, num_proc=2)
+    assert "masking (num_proc=2)" in capfd.readouterr().err
+    assert two["labels"] == one["labels"] and two["input_ids"] == one["input_ids"]
+
+
+def test_an_empty_corpus_counts_no_token():
+    empty = Dataset.from_dict({"input_ids": []}, features=data.TOKENIZED_FEATURES)
+    assert data.corpus_token_count(empty) == 0
+
+
 def test_causal_collator_pads_with_eos_where_the_tokenizer_has_no_pad_token():
     tokenizer = SimpleTokenizer(pad_token_id=None)
     batch = collators.CausalLMCollator(tokenizer)([{"input_ids": [7, 8, 9]}, {"input_ids": [5]}])
@@ -660,11 +819,15 @@ def test_packing_loses_and_duplicates_no_token(documents, block_size):
     stream = [token for document in documents for token in [*sum(document, []), eos]]
     tokenized = Dataset.from_dict({"input_ids": documents})
     if len(stream) < block_size:
-        with pytest.raises(DataError, match=f"less than one block of {block_size}"):
+        message = f"^the corpus has {len(stream)} tokens .*, less than one block of {block_size};"
+        with pytest.raises(DataError, match=message):
             data.pack_blocks(tokenized, block_size, eos)
         return
-    blocks = data.pack_blocks(tokenized, block_size, eos)["input_ids"]
+    packed = data.pack_blocks(tokenized, block_size, eos)
+    blocks = packed["input_ids"]
     assert all(len(block) == block_size for block in blocks)
+    # the corpus's own tokens in each block: all but the separators
+    assert packed[data.NEW_CORPUS_TOKENS] == [block_size - block.count(eos) for block in blocks]
     assert len(blocks) == len(stream) // block_size
     assert sum(blocks, []) == stream[: len(blocks) * block_size]
     streamed = data.pack_blocks(tokenized.to_iterable_dataset(), block_size, eos)
@@ -678,3 +841,38 @@ def test_packed_mlm_examples_wrap_blocks_in_cls_and_sep(wiki_tokenized, tokenize
     assert examples["input_ids"] == [[cls_id, *block, sep_id] for block in inner]
     total = sum(len(sentence) for doc in wiki_tokenized["input_ids"] for sentence in doc)
     assert len(inner) == (total + len(wiki_tokenized)) // 62
+
+
+BLOCK_COLUMNS = Features({"input_ids": List(Value("int32")), "new_corpus_tokens": Value("int32")})
+
+
+def test_blocks_have_int32_columns_cached_and_streamed():
+    tokenized = Dataset.from_dict({"input_ids": [[[10, 11, 12]]] * 4})
+    assert data.pack_blocks(tokenized, 4, EOS).features == BLOCK_COLUMNS
+    assert data.pack_blocks(tokenized.to_iterable_dataset(), 4, EOS).features == BLOCK_COLUMNS
+    with pytest.raises(ConfigError, match=r"^block size 0 leaves no room for text; use a larger"):
+        data.pack_blocks(tokenized, 0, EOS)
+
+
+def test_packing_is_cached_by_the_inputs_fingerprint_and_the_options():
+    """Packing's cache key is the input's fingerprint and the options, not a hash of the input
+    (which takes minutes at gigabytes): an input of the same fingerprint reads back the blocks
+    packed before, and other options pack anew."""
+    first = Dataset.from_dict({"input_ids": [[[10, 11, 12]]] * 4})
+    second = Dataset.from_dict({"input_ids": [[[20, 21, 22]]] * 4})
+    second._fingerprint = first._fingerprint
+    packed = data.pack_blocks(first, 4, EOS)["input_ids"]
+    assert data.pack_blocks(second, 4, EOS)["input_ids"] == packed
+    assert data.pack_blocks(second, 2, EOS)["input_ids"][0] == [20, 21]
+
+
+def test_a_stream_packs_each_group_of_1000_documents_on_its_own():
+    """Streamed, each group of 1,000 documents drops its last partial block (the module doc).
+    2,000 documents of 2 tokens and a separator: a group is 3,000 tokens, 428 blocks of 7 and
+    4 tokens dropped; the 6,000 packed as one would make 857."""
+    tokenized = Dataset.from_dict({"input_ids": [[[10, 11]]] * 2000}).to_iterable_dataset()
+    blocks = [row["input_ids"] for row in data.pack_blocks(tokenized, 7, EOS)]
+    assert len(blocks) == 2 * 428
+    group = [10, 11, EOS] * 1000
+    expected = [group[start : start + 7] for start in range(0, 428 * 7, 7)]
+    assert blocks == expected * 2
