@@ -31,14 +31,6 @@ VOCAB = 1000
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def private_datasets_cache(tmp_path_factory: pytest.TempPathFactory):
-    """Arrow files written by these tests go to a temporary folder, not the user's cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path_factory.mktemp("hf-cache"))
-        yield
-
-
 @pytest.fixture(scope="module")
 def tokenizer(tiny_tokenizer_dir: Path):
     return load_tokenizer(tiny_tokenizer_dir)
@@ -186,8 +178,11 @@ def documented_signatures(doc: str) -> dict[str, dict[str, Any]]:
     return signatures
 
 
+DOCUMENTED_SIGNATURES = documented_signatures(data.__doc__)
+
+
 def documented_defaults(name: str) -> dict[str, Any]:
-    parameters = documented_signatures(data.__doc__)[name].items()
+    parameters = DOCUMENTED_SIGNATURES[name].items()
     return {name: value for name, value in parameters if value is not inspect.Parameter.empty}
 
 
@@ -203,9 +198,9 @@ def test_the_functions_defaults_are_those_the_module_doc_states(tokenizer):
     given = data.add_static_masks(pairs, tokenizer, **documented_defaults("add_static_masks"))
     assert data.add_static_masks(pairs, tokenizer)["labels"] == given["labels"]
 
-    documented = documented_signatures(data.__doc__)
-    assert set(documented) >= {"tokenize_documents", "build_nsp_examples", "add_static_masks"}
-    for name, parameters in documented.items():
+    documented = {"tokenize_documents", "build_nsp_examples", "add_static_masks"}
+    assert set(DOCUMENTED_SIGNATURES) >= documented
+    for name, parameters in DOCUMENTED_SIGNATURES.items():
         signature = inspect.signature(getattr(data, name)).parameters.values()
         assert [(p.name, p.default) for p in signature] == [*parameters.items()], name
 

@@ -24,7 +24,8 @@ DOCUMENTS = [f"Document {i} says something . It has a second sentence {i} ." for
 
 @pytest.fixture(autouse=True)
 def private_datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Arrow files written by these tests go to a temporary folder, not the user's cache."""
+    """Each test's Arrow files in a folder of its own, read by no other test (conftest keeps
+    the suite's out of the user's cache)."""
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
 
 
