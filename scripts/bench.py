@@ -516,12 +516,20 @@ def loop_tokens_per_s(args: argparse.Namespace, family: str, vocab: int, dtype) 
     return args.batch_size * args.seq_len / statistics.median(times[args.warmup :])
 
 
+def pretrain_overrides(family: str, dropout: float, seq_len: int) -> str:
+    """--config-overrides that give `egbert pretrain`'s model the loop's dropout and room for its
+    sequence (elmo, an LSTM, has neither attention nor positions)."""
+    overrides = f"hidden_dropout_prob={dropout}"
+    if family != "elmo":
+        overrides += f",attention_probs_dropout_prob={dropout}"
+        overrides += f",max_position_embeddings={max(512, seq_len)}"
+    return overrides
+
+
 def pretrain_run(args: argparse.Namespace, family: str, tokenizer: Path, out: Path) -> dict:
     """`egbert pretrain` (egbert.run_pretraining) on WikiText-2 at the bench's model, batch,
     sequence, precision and dropout; tokens/s and MFU from its own log, the first log window
     (warm-up, and compiling with --compile) left out."""
-    dropout = f"hidden_dropout_prob={args.dropout},attention_probs_dropout_prob={args.dropout}"
-    positions = f",max_position_embeddings={max(512, args.seq_len)}" if family != "elmo" else ""
     result = run_pretraining(
         model=family,
         preset=args.preset,
@@ -532,7 +540,7 @@ def pretrain_run(args: argparse.Namespace, family: str, tokenizer: Path, out: Pa
         seq_len=args.seq_len,
         batch_size=args.batch_size,
         mlm_probability=MLM_PROBABILITY,
-        config_overrides=dropout + positions,
+        config_overrides=pretrain_overrides(family, args.dropout, args.seq_len),
         bf16=args.precision == "bf16",
         compile=args.compile or args.compile_only,
         max_steps=args.pretrain_steps,

@@ -15,19 +15,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from egbert import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert import EgbertBertConfig, EgbertElmoConfig, EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.config import apply_config_overrides, load_preset
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def script_module(name: str):
-    """scripts/NAME.py as a module (scripts/ is no package)."""
+    """scripts/NAME.py as a module (scripts/ is no package; its folder goes last on the path,
+    where a script finds the sibling modules it imports)."""
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.append(str(REPO / "scripts"))
     spec = importlib.util.spec_from_file_location(f"egbert_{name}", REPO / "scripts" / f"{name}.py")
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+bench = script_module("bench")
 gpu_perf_summary = script_module("gpu_perf_summary")
 resume_check = script_module("resume_check")
 
@@ -172,3 +177,20 @@ def test_the_resume_check_compares_every_tensor_and_its_name():
     assert resume_check.max_difference(weights, {**weights, "b": torch.ones(5)}) == float("inf")
     log = "egbert: resumed from runs/x/checkpoints/step-20 (step 20, epoch 0, batch 20 ...)"
     assert resume_check.resumed_from(log) == 20 and resume_check.resumed_from("starting") is None
+
+
+# ---------------------------------------------------------------- bench.py --pretrain
+
+
+@pytest.mark.parametrize(
+    ("family", "config_class"),
+    [("bert", EgbertBertConfig), ("gpt", EgbertGPTConfig), ("elmo", EgbertElmoConfig)],
+)
+def test_bench_pretrain_gives_each_familys_model_the_loops_dropout(family, config_class):
+    """`scripts/bench.py --pretrain`'s overrides fit each family's config as `egbert pretrain`
+    applies them (elmo's has no attention dropout and no positions: it was refused)."""
+    config = config_class(**load_preset(family, "tiny"))
+    apply_config_overrides(config, bench.pretrain_overrides(family, 0.25, 1024))
+    assert config.hidden_dropout_prob == 0.25
+    if family != "elmo":
+        assert (config.attention_probs_dropout_prob, config.max_position_embeddings) == (0.25, 1024)
