@@ -115,7 +115,9 @@ def test_two_processes_read_disjoint_shards_and_together_every_example_once(tmp_
     # shard i to process i % 2, as split_dataset_by_node deals a number of shards it divides
     for stream, shards in ((by_files, [[0, 2], [1, 3]]), (three, [[0, 2], [1]])):
         for rank in (0, 1):
-            texts = {row["text"] for row in split_stream(stream, rank, 2)}
+            part = split_stream(stream, rank, 2)
+            assert part.num_shards == len(shards[rank])  # it reads only its own files
+            texts = {row["text"] for row in part}
             assert texts == {text for shard in shards[rank] for text in documents[shard::4]}
 
 
