@@ -32,6 +32,21 @@ def arguments(**options) -> TrainingArguments:
     return TrainingArguments(output_dir="unused", **options)
 
 
+def numbered_stream(count: int = 10, shards: int = 1) -> datasets.IterableDataset:
+    """Examples {"n": 0} to {"n": count - 1} in order, in `shards` shards of equal size."""
+    size = count // shards
+
+    def rows(shards: list[int]):
+        for shard in shards:
+            yield from ({"n": shard * size + i} for i in range(size))
+
+    return datasets.IterableDataset.from_generator(rows, gen_kwargs={"shards": list(range(shards))})
+
+
+def numbers(rows) -> list[int]:
+    return [row["n"] for row in rows]
+
+
 def test_a_gpu_runs_loader_collates_in_two_pinned_workers_and_a_cpu_runs_in_the_process():
     """docs/training.md: --num-workers defaults to 2 on a GPU and 0 on the CPU; batches are
     pinned on a GPU only; the loader's generator is seeded with --seed."""
@@ -47,10 +62,6 @@ def test_a_gpu_runs_loader_collates_in_two_pinned_workers_and_a_cpu_runs_in_the_
     assert options["generator"].initial_seed() == 123
 
 
-def a_stream() -> datasets.IterableDataset:
-    return datasets.IterableDataset.from_generator(lambda: ({"input_ids": [i]} for i in range(4)))
-
-
 class TorchStream(torch.utils.data.IterableDataset):
     def __iter__(self):
         return iter([{"input_ids": [1, 2]}] * 4)
@@ -60,7 +71,7 @@ class TorchStream(torch.utils.data.IterableDataset):
     ("data", "options", "error", "message"),
     [
         (
-            a_stream,
+            numbered_stream,
             {},
             ConfigError,
             "streaming training data has no length; give --max-steps, or --budget-minutes "
@@ -74,13 +85,13 @@ class TorchStream(torch.utils.data.IterableDataset):
             "without --epochs",
         ),
         (
-            a_stream,
+            numbered_stream,
             {"max_steps": 3, "group_by_length": True},
             ConfigError,
             "--group-by-length needs map-style data: drop --streaming",
         ),
         (
-            a_stream,
+            numbered_stream,
             {"max_steps": 3, "num_workers": 2},
             ConfigError,
             "--num-workers 2 with a stream: its position for --resume is kept by the main "
@@ -105,13 +116,13 @@ def test_the_loaders_refusals_word_for_word(data, options, error, message):
 def test_a_stream_is_read_in_order_by_the_main_process_unless_it_is_a_torch_one():
     """A datasets stream keeps its position in the main process (StreamPosition): no workers,
     even on a GPU; a plain torch IterableDataset takes the workers asked for."""
-    on_gpu = train_loader(a_stream(), arguments(max_steps=3), list, GPU)
+    on_gpu = train_loader(numbered_stream(), arguments(max_steps=3), list, GPU)
     assert on_gpu.num_workers == 0 and on_gpu.pin_memory
-    stream = train_loader(a_stream(), arguments(max_steps=3, batch_size=3), list, CPU)
-    assert [[row["input_ids"][0] for row in batch] for batch in stream] == [[0, 1, 2], [3]]
+    stream = train_loader(numbered_stream(4), arguments(max_steps=3, batch_size=3), list, CPU)
+    assert [numbers(batch) for batch in stream] == [[0, 1, 2], [3]]
     torch_stream = train_loader(TorchStream(), arguments(max_steps=3, num_workers=1), list, CPU)
     assert torch_stream.num_workers == 1
-    budgeted = train_loader(a_stream(), arguments(budget_minutes=1.0), list, CPU)
+    budgeted = train_loader(numbered_stream(), arguments(budget_minutes=1.0), list, CPU)
     assert budgeted.num_workers == 0
 
 
@@ -170,14 +181,6 @@ def test_group_by_length_refuses_data_without_input_ids_in_one_line(data):
 
 
 # ---------------------------------------------------------------- a stream's position
-
-
-def numbered_stream(count: int = 10) -> datasets.IterableDataset:
-    return datasets.IterableDataset.from_generator(lambda: ({"n": i} for i in range(count)))
-
-
-def numbers(rows) -> list[int]:
-    return [row["n"] for row in rows]
 
 
 def test_a_streams_position_is_that_of_the_batches_trained_not_of_those_made_ahead(tmp_path):
@@ -259,17 +262,18 @@ def test_a_fitted_batch_takes_the_same_examples_a_step_in_the_same_order(acceler
     fitted, loader = fitter.fit(options, 2)
     assert (fitted.batch_size, fitted.grad_accum, fitted.seed) == (2, 8, 3)
     whole = accelerator.prepare(train_loader(examples, options, list, accelerator.device))
-    in_twos = [row for batch in loader for row in batch]
-    assert [len(batch) for batch in loader] == [2] * 12
+    batches = list(loader)
+    in_twos = [row for batch in batches for row in batch]
+    assert [len(batch) for batch in batches] == [2] * 12
     assert in_twos == [row for batch in whole for row in batch]  # the seeded order, unchanged
     assert sorted(row["input_ids"][0] for row in in_twos) == list(range(24))
 
 
 def test_a_stream_cannot_fit_its_batch(accelerator):
     with pytest.raises(ConfigError) as raised:
-        BatchFitter(accelerator, a_stream(), list, arguments(auto_find_batch_size=True))
+        BatchFitter(accelerator, numbered_stream(), list, arguments(auto_find_batch_size=True))
     assert str(raised.value) == "--auto-find-batch-size needs map-style data: drop --streaming"
-    BatchFitter(accelerator, a_stream(), list, arguments())  # without the option: no refusal
+    BatchFitter(accelerator, numbered_stream(), list, arguments())  # without the option: no refusal
 
 
 def test_the_fitted_batch_is_said_in_one_line_found_now_or_before():
@@ -289,14 +293,6 @@ def test_the_fitted_batch_is_said_in_one_line_found_now_or_before():
 
 def numbered_tensors(rows) -> dict[str, torch.Tensor]:
     return {"n": torch.tensor(numbers(rows))}
-
-
-def sharded_stream(shards: int, per_shard: int = 3) -> datasets.IterableDataset:
-    def rows(shards: list[int]):
-        for shard in shards:
-            yield from ({"n": shard * per_shard + i} for i in range(per_shard))
-
-    return datasets.IterableDataset.from_generator(rows, gen_kwargs={"shards": list(range(shards))})
 
 
 def test_one_process_reads_the_whole_stream_in_order_on_its_device(accelerator, tmp_path):
@@ -323,27 +319,28 @@ class SecondOfTwoProcesses:
     num_processes, process_index, device = 2, 1, torch.device("cpu")
 
 
-def test_each_process_reads_its_part_of_the_stream_and_a_stream_of_too_few_shards_is_said(
-    accelerator,
-):
+@pytest.mark.usefixtures("one_thread_and_fresh_accelerate")  # prepare_data_loader's state
+def test_each_process_reads_its_part_of_the_stream_and_a_stream_of_too_few_shards_is_said():
     messages = []
-    options = arguments(max_steps=5, batch_size=2)
-    two = SecondOfTwoProcesses()
-    loader, _ = stream_loader(sharded_stream(4), options, numbered_tensors, two, messages.append)
+
+    def second_process_reads(stream: datasets.IterableDataset) -> list[int]:
+        options = arguments(max_steps=5, batch_size=2)
+        second = SecondOfTwoProcesses()
+        loader, _ = stream_loader(stream, options, numbered_tensors, second, messages.append)
+        return [n for batch in loader for n in batch["n"].tolist()]
+
     # shards 1 and 3 of 0-3, each whole: split_dataset_by_node's deal of 4 shards to 2
-    assert [n for batch in loader for n in batch["n"].tolist()] == [3, 4, 5, 9, 10, 11]
-    loader, _ = stream_loader(sharded_stream(2), options, numbered_tensors, two, messages.append)
-    assert [n for batch in loader for n in batch["n"].tolist()] == [3, 4, 5]
+    assert second_process_reads(numbered_stream(12, 4)) == [3, 4, 5, 9, 10, 11]
+    assert second_process_reads(numbered_stream(6, 2)) == [3, 4, 5]
     assert messages == []  # a shard for each process
-    loader, _ = stream_loader(sharded_stream(1, 6), options, numbered_tensors, two, messages.append)
-    assert [n for batch in loader for n in batch["n"].tolist()] == [1, 3, 5]  # every 2nd
+    assert second_process_reads(numbered_stream(6)) == [1, 3, 5]  # every 2nd
     assert messages == [
         "egbert: the stream has 1 shard(s) for 2 processes: each reads all of it and keeps its "
         "share of the examples (more files, or larger ones, make more shards)"
     ]
 
 
-def test_several_processes_cannot_fit_their_batch(accelerator):
+def test_several_processes_cannot_fit_their_batch():
     options = arguments(auto_find_batch_size=True)
     with pytest.raises(ConfigError) as raised:
         BatchFitter(SecondOfTwoProcesses(), [{"input_ids": [1]}], list, options)
