@@ -87,7 +87,7 @@ _EXPORTS = {
         "task_score",
     ],
     "egbert.finetune.tasks": ["Task", "get_task", "read_glue_split", "split_file"],
-    "egbert.pretrain.sources": ["read_documents", "load_documents"],
+    "egbert.sources": ["read_documents", "load_documents"],
     "egbert.pretrain.data": ["tokenize_documents", "build_nsp_examples", "pack_blocks"],
     "egbert.pretrain.collators": ["MLMCollator", "CausalLMCollator"],
     "egbert.models.bert": ["EgbertBertConfig", "EgbertBertForPreTraining"],

@@ -20,8 +20,8 @@ import yaml
 
 from egbert.arguments import read_config_file
 from egbert.errors import CheckpointError, ConfigError
+from egbert.families import FAMILY_OF_MODEL_TYPE, MODEL_FAMILIES
 from egbert.model_files import read_model_config
-from egbert.models.families import FAMILY_OF_MODEL_TYPE, MODEL_FAMILIES
 from egbert.models.heads import CLASSIFIER_FEATURES, CLASSIFIER_POOLS
 
 SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, TextStreamer
 
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
 from egbert.errors import CheckpointError, ConfigError
+from egbert.families import CAUSAL_MODEL_TYPES
 from egbert.model_files import load_pretrained, read_model_config
-from egbert.models.families import CAUSAL_MODEL_TYPES
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 from egbert.training.runtime import requested_precision
 

@@ -33,10 +33,10 @@ from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFas
 
 from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError, DataError
+from egbert.families import FAMILY_OF_MODEL_TYPE, MODEL_FAMILIES
 from egbert.model_files import hub_id_note, resolve_model_dir
-from egbert.models.families import FAMILY_OF_MODEL_TYPE, MODEL_FAMILIES
 from egbert.outputs import check_output_folder
-from egbert.pretrain.sources import (
+from egbert.sources import (
     DECODE_ERRORS,
     ENCODING_ERRORS_HELP,
     check_encoding,
@@ -164,7 +164,7 @@ def train_tokenizer(
 ) -> PreTrainedTokenizerFast:
     """Train the shared tokenizer on a corpus and optionally save it.
 
-    The corpus is read as pretraining reads it (egbert.pretrain.sources): `files` of every kind
+    The corpus is read as pretraining reads it (egbert.sources): `files` of every kind
     --train-files takes (text, also compressed; .jsonl .json .csv .parquet: `text_column`; data
     set folders) and a Hub `dataset` (or its local copy), mixed by `source_weights`, streamed
     (nothing is cached); each non-blank line of a text file, each row of a table, is one text.

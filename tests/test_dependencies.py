@@ -96,7 +96,7 @@ def test_transformers_is_capped_below_its_next_major_version() -> None:
 @pytest.mark.parametrize(
     ("package", "too_old", "why"),
     [
-        ("datasets", "4.2.0", "pretrain/sources.py: Dataset.from_generator(fingerprint=...) (4.3)"),
+        ("datasets", "4.2.0", "sources.py: Dataset.from_generator(fingerprint=...) (4.3)"),
         ("accelerate", "1.7.0", "the trainer calls load_state(load_kwargs=...) (1.8)"),
         ("accelerate", "1.14.0", "skip_first_batches forgets the epoch before 1.15"),
         ("torch", "2.5.1", "transformers 5 disables torch below 2.6"),

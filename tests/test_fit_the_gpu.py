@@ -418,7 +418,7 @@ def test_quickstart_hands_fp16_to_its_pretraining_and_fine_tuning(tmp_path, monk
     """A plan in fp16: the pretraining and fine-tuning runs get fp16=True, bf16=False."""
     from types import SimpleNamespace
 
-    from egbert.models.families import MODEL_FAMILIES
+    from egbert.families import MODEL_FAMILIES
     from egbert.quickstart import run as quickstart
     from egbert.quickstart.budget import Budget, Plan
     from egbert.quickstart.options import QuickstartArguments

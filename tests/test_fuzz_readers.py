@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from egbert.errors import EgbertError
 from egbert.finetune.tasks import custom_task, get_task, labels_in_file, read_task_file
-from egbert.pretrain.sources import DOC_BOUNDARIES, read_documents
+from egbert.sources import DOC_BOUNDARIES, read_documents
 
 FUZZ = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -20,8 +20,9 @@ from datasets import Dataset, Features, List, Value
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from egbert import sources
 from egbert.errors import ConfigError, DataError
-from egbert.pretrain import collators, data, sources
+from egbert.pretrain import collators, data
 from egbert.tokenizer import load_tokenizer, train_tokenizer
 
 CLS, SEP, PAD, MASK = 1, 2, 0, 3

@@ -16,8 +16,8 @@ import pytest
 import zstandard
 from datasets import Dataset
 
+from egbert import sources
 from egbert.errors import ConfigError, DataError
-from egbert.pretrain import sources
 
 DOCUMENTS = [f"Document {i} says something . It has a second sentence {i} ." for i in range(40)]
 

@@ -14,9 +14,9 @@ from conftest import kill_once
 from safetensors.torch import load_file
 
 import egbert
+from egbert import sources
 from egbert.cli import main as cli_main
 from egbert.errors import ConfigError
-from egbert.pretrain import sources
 from egbert.training.batches import split_stream
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")

@@ -59,6 +59,7 @@ from egbert.arguments import ArgumentParser
 from egbert.embedding import TruncatedInputsWarning, embed, load_model
 from egbert.errors import ConfigError, DataError
 from egbert.evaluation import results
+from egbert.families import FAMILY_OF_MODEL_TYPE
 from egbert.finetune.metrics import format_metrics, glue_average, task_score
 from egbert.finetune.significance import dev_predictions
 from egbert.finetune.tables import column, one_decimal, percent, results_table
@@ -69,7 +70,6 @@ from egbert.finetune.tasks import (
     read_glue_split,
     resolve_tasks,
 )
-from egbert.models.families import FAMILY_OF_MODEL_TYPE
 from egbert.models.heads import CLASSIFIER_POOLS, LAST4_FEATURES, LAST_LAYERS
 from egbert.outputs import check_output_folder
 

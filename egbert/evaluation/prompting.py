@@ -50,12 +50,12 @@ import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto clas
 from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.evaluation import results
+from egbert.families import CAUSAL_MODEL_TYPES
 from egbert.finetune.metrics import format_metrics, task_score
 from egbert.finetune.significance import dev_predictions
 from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import Task, read_glue_split, resolve_tasks, split_file
 from egbert.model_files import load_pretrained, read_model_config
-from egbert.models.families import CAUSAL_MODEL_TYPES
 from egbert.outputs import check_output_folder
 from egbert.tokenizer import check_vocab_matches, load_tokenizer
 

@@ -14,8 +14,9 @@ from typing import Any
 import pyarrow.compute as pc
 from datasets import Dataset, IterableDataset, concatenate_datasets
 
+from egbert import sources
 from egbert.errors import ConfigError
-from egbert.pretrain import collators, data, sources
+from egbert.pretrain import collators, data
 from egbert.pretrain.options import DataArguments, ObjectiveArguments
 
 Documents = Dataset | IterableDataset

@@ -3,7 +3,7 @@
 Every step goes through `datasets`: cached data sets live in the Arrow cache and are reused by
 fingerprint; streamed ones (`IterableDataset`) are built as they are read, by batched maps whose
 position `IterableDataset.state_dict()` records, so that a resumed stream goes on where it
-stopped. Documents come from egbert.pretrain.sources; batches are made by
+stopped. Documents come from egbert.sources; batches are made by
 egbert.pretrain.collators. Each example builder is a pure function of (tokenized documents,
 options, seed).
 
@@ -57,7 +57,7 @@ from transformers import PreTrainedTokenizerBase
 
 from egbert.errors import ConfigError, DataError
 from egbert.pretrain.collators import mask_tokens_for_mlm, masking_options
-from egbert.pretrain.sources import cached_from_generator
+from egbert.sources import cached_from_generator
 
 TokenizedDocs = Dataset | IterableDataset
 

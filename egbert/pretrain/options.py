@@ -20,7 +20,7 @@ from egbert.config import (
     merge_config_overrides,
 )
 from egbert.errors import ConfigError
-from egbert.pretrain.sources import DOC_BOUNDARIES, ENCODING_ERRORS_HELP
+from egbert.sources import DOC_BOUNDARIES, ENCODING_ERRORS_HELP
 
 BERT_OBJECTIVES = ("mlm", "rtd")
 

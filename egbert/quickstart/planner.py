@@ -300,7 +300,7 @@ def finetune_step_seconds(measurements: Sequence[Measurement]) -> float:
     return max(tokens / best_rate(measurements), min(m.seconds_per_step for m in measurements))
 
 
-def recipe_steps(count: int, epochs: int) -> int:
+def finetune_run_steps(count: int, epochs: int) -> int:
     """Optimizer steps of a fine-tuning run over `count` examples for `epochs`."""
     return math.ceil(count / FINETUNE_BATCH) * epochs
 
@@ -308,7 +308,7 @@ def recipe_steps(count: int, epochs: int) -> int:
 def finetune_steps(work: FinetuneWork, max_steps: int | None) -> int:
     """Optimizer steps of one model's fine-tuning runs over every task."""
     return sum(
-        min(recipe_steps(count, work.epochs), max_steps or math.inf)
+        min(finetune_run_steps(count, work.epochs), max_steps or math.inf)
         for count in work.examples.values()
     )
 
@@ -329,7 +329,7 @@ def finetune_seconds(
 def step_caps(work: FinetuneWork) -> list[int | None]:
     """No cap, then the longest run's steps cut by a quarter at a time down to
     MIN_FINETUNE_STEPS."""
-    longest = max((recipe_steps(n, work.epochs) for n in work.examples.values()), default=0)
+    longest = max((finetune_run_steps(n, work.epochs) for n in work.examples.values()), default=0)
     caps: list[int | None] = [None]
     cap = longest * 3 // 4
     while cap >= MIN_FINETUNE_STEPS:

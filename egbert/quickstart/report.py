@@ -10,10 +10,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from egbert.families import MODEL_FAMILIES
 from egbert.finetune import significance
 from egbert.finetune.metrics import glue_average
 from egbert.finetune.significance import Difference
-from egbert.models.families import MODEL_FAMILIES
 from egbert.quickstart.options import NOT_AVERAGED, PROMPT_SHOTS
 from egbert.quickstart.steps import PretrainingSummary
 

@@ -17,9 +17,9 @@ from egbert.arguments import arguments_from_options
 from egbert.config import load_recipe
 from egbert.errors import ConfigError
 from egbert.evaluation import probe, prompting
+from egbert.families import MODEL_FAMILIES
 from egbert.finetune.tasks import get_task, split_file
 from egbert.hub import check_hub_reachable
-from egbert.models.families import MODEL_FAMILIES
 from egbert.outputs import check_output_folder
 from egbert.pretrain import run as pretrain_run
 from egbert.quickstart import planner
@@ -523,7 +523,7 @@ def run_finetune_pass(
             options = finetune_options(models[model], task, head, seed, glue, *mixed)
             options["lr"] *= plan.pretraining[model.family].finetune_lr_scale
             cap = plan.finetuning.max_steps
-            if cap is not None and cap < recipe_steps(task, glue, options):
+            if cap is not None and cap < task_run_steps(task, glue, options):
                 options["max_steps"] = cap  # the schedule ends there
             run_dir = budget.path.parent / "finetune" / key
             options["replay_clock"] = replayed_clock(args, run_dir)
@@ -538,12 +538,12 @@ def run_finetune_pass(
     return scores
 
 
-def recipe_steps(task: str, glue: Path | None, options: dict[str, Any]) -> int:
+def task_run_steps(task: str, glue: Path | None, options: dict[str, Any]) -> int:
     """Steps of a fine-tuning run with these options over the task's (local) training set."""
     count = min(
         train_size(task, glue) or options["max_train_samples"], options["max_train_samples"]
     )
-    return planner.recipe_steps(count, options["epochs"])
+    return planner.finetune_run_steps(count, options["epochs"])
 
 
 def run_key(model_dir: Path, head: str, task: str, seed: int) -> str:

@@ -18,12 +18,11 @@ from transformers import PreTrainedTokenizerBase, set_seed
 
 from egbert.config import TrainingArguments, load_recipe, pretraining_recipe
 from egbert.errors import ConfigError, DataError
+from egbert.families import FAMILY_OF_MODEL_TYPE
 from egbert.finetune import run as finetune_run
 from egbert.finetune.tasks import GLUE_TASKS, available_tasks, get_task, split_file
-from egbert.models.families import FAMILY_OF_MODEL_TYPE
 from egbert.pretrain import run as pretrain_run
 from egbert.pretrain.options import ModelArguments, ObjectiveArguments
-from egbert.pretrain.sources import load_hub_documents
 from egbert.quickstart.options import (
     DEFAULT_DATA,
     GUTENBERG,
@@ -31,6 +30,7 @@ from egbert.quickstart.options import (
     WIKITEXT,
 )
 from egbert.report import read_train_results
+from egbert.sources import load_hub_documents
 from egbert.tokenizer import (
     format_stats,
     load_tokenizer,

@@ -1,4 +1,4 @@
-"""Pretraining sources -> documents: text files, table files, saved data sets, Hub data sets, mixed.
+"""Corpus sources -> documents: text files, table files, saved data sets, Hub data sets, mixed.
 
 Every source becomes a `datasets` data set of documents, one row each, in one column "text"
 (a `Dataset` in the Arrow cache, or with `streaming=True` an `IterableDataset` read as it trains).
