@@ -815,7 +815,10 @@ def test_packing_loses_and_duplicates_no_token(documents, block_size):
     stream = [token for document in documents for token in [*sum(document, []), eos]]
     tokenized = Dataset.from_dict({"input_ids": documents})
     if len(stream) < block_size:
-        message = f"^the corpus has {len(stream)} tokens .*, less than one block of {block_size};"
+        message = (
+            f"^the corpus has {len(stream)} tokens .*, and no group of 1,000 documents holds "
+            f"one block of {block_size};"
+        )
         with pytest.raises(DataError, match=message):
             data.pack_blocks(tokenized, block_size, eos)
         return
@@ -850,25 +853,38 @@ def test_blocks_have_int32_columns_cached_and_streamed():
         data.pack_blocks(tokenized, 0, EOS)
 
 
-def test_packing_is_cached_by_the_inputs_fingerprint_and_the_options():
-    """Packing's cache key is the input's fingerprint and the options, not a hash of the input
-    (which takes minutes at gigabytes): an input of the same fingerprint reads back the blocks
-    packed before, and other options pack anew."""
-    first = Dataset.from_dict({"input_ids": [[[10, 11, 12]]] * 4})
-    second = Dataset.from_dict({"input_ids": [[[20, 21, 22]]] * 4})
-    second._fingerprint = first._fingerprint
-    packed = data.pack_blocks(first, 4, EOS)["input_ids"]
-    assert data.pack_blocks(second, 4, EOS)["input_ids"] == packed
-    assert data.pack_blocks(second, 2, EOS)["input_ids"][0] == [20, 21]
+def test_packing_is_read_back_from_the_arrow_cache_by_fingerprint_and_options(
+    tmp_path, monkeypatch
+):
+    """A cached corpus is packed once: packing it again with the same options reads the blocks
+    back (the packer does not run), other options pack anew into a file of their own."""
+    Dataset.from_dict({"input_ids": [[[10, 11, 12]]] * 4}).save_to_disk(tmp_path / "tokens")
+    tokenized = datasets.load_from_disk(tmp_path / "tokens")
+    packed = data.pack_blocks(tokenized, 4, EOS)
+    blocks = data._blocks
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("packed again")
+        yield from blocks(*args, **kwargs)
+
+    monkeypatch.setattr(data, "_blocks", refuse)
+    again = data.pack_blocks(tokenized, 4, EOS)
+    assert again["input_ids"] == packed["input_ids"]
+    assert again.cache_files == packed.cache_files
+    monkeypatch.setattr(data, "_blocks", blocks)
+    shorter = data.pack_blocks(tokenized, 2, EOS)
+    assert shorter["input_ids"][0] == [10, 11]
+    assert shorter.cache_files != packed.cache_files
 
 
-def test_a_stream_packs_each_group_of_1000_documents_on_its_own():
-    """Streamed, each group of 1,000 documents drops its last partial block (the module doc).
-    2,000 documents of 2 tokens and a separator: a group is 3,000 tokens, 428 blocks of 7 and
-    4 tokens dropped; the 6,000 packed as one would make 857."""
-    tokenized = Dataset.from_dict({"input_ids": [[[10, 11]]] * 2000}).to_iterable_dataset()
-    blocks = [row["input_ids"] for row in data.pack_blocks(tokenized, 7, EOS)]
-    assert len(blocks) == 2 * 428
+def test_cached_and_streamed_packing_give_the_same_blocks_group_by_group():
+    """Each group of 1,000 documents is packed on its own and drops its last partial block,
+    cached or streamed (the module doc). 2,000 documents of 2 tokens and a separator: a group
+    is 3,000 tokens, 428 blocks of 7 and 4 tokens dropped; the 6,000 packed as one would make
+    857."""
+    cached = Dataset.from_dict({"input_ids": [[[10, 11]]] * 2000})
     group = [10, 11, EOS] * 1000
-    expected = [group[start : start + 7] for start in range(0, 428 * 7, 7)]
-    assert blocks == expected * 2
+    expected = [group[start : start + 7] for start in range(0, 428 * 7, 7)] * 2
+    assert data.pack_blocks(cached, 7, EOS)["input_ids"] == expected
+    streamed = data.pack_blocks(cached.to_iterable_dataset(), 7, EOS)
+    assert [row["input_ids"] for row in streamed] == expected

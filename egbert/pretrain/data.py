@@ -24,14 +24,17 @@ example is the first to hold; egbert.pretrain.corpus sums it and drops it):
         single-segment packed `[CLS] ... [SEP]` blocks for MLM without NSP.
     pack_blocks(tokenized, block_size, eos_id)
         GPT / ELMo: documents joined by the end-of-text token, cut into block_size blocks
-        (only the last partial block is dropped; DataError if not even one block fits).
+        (each group's last partial block is dropped, below; DataError if no block fits).
     add_static_masks(examples, tokenizer, mlm_probability=0.15, max_predictions=None,
                      whole_word_mask=False, seed=0, num_proc=None)
         BERT's static masking (use with dupe_factor > 1): adds a "labels" column.
 
 Streamed, the builders work on groups of STREAM_GROUP_DOCUMENTS documents: NSP draws its
-NotNext segments from the other documents of the group, and packing drops each group's last
-partial block (as run_clm.py's group_texts does per batch of 1,000 rows).
+NotNext segments from the other documents of the group. Packing works on the same groups cached
+or streamed, so both give the same blocks: each group's last partial block is dropped (as
+run_clm.py's group_texts does per batch of 1,000 rows), since a stream that carried it into the
+next group could not resume where it stopped (`state_dict()` records the position in the
+documents, not a packer's leftovers).
 Data sets come back unshuffled, in document order: the trainer's sampler shuffles.
 """
 
@@ -51,13 +54,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset, Features, IterableDataset, List, Value
-from datasets.fingerprint import Hasher
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from egbert.errors import ConfigError, DataError
 from egbert.pretrain.collators import mask_tokens_for_mlm, masking_options
-from egbert.sources import cached_from_generator
 
 TokenizedDocs = Dataset | IterableDataset
 
@@ -212,17 +213,20 @@ def build_nsp_examples(
 
 
 def _map_document_groups(
-    stream: IterableDataset, build: Callable, options: dict[str, Any], features: Features
-) -> IterableDataset:
-    """A stream of tokenized documents as the examples `build(batch, **options)` makes of each
-    group of STREAM_GROUP_DOCUMENTS documents (see the module doc)."""
-    return stream.map(
+    documents: TokenizedDocs, build: Callable, options: dict[str, Any], features: Features
+) -> TokenizedDocs:
+    """Tokenized documents as the examples `build(batch, **options)` makes of each group of
+    STREAM_GROUP_DOCUMENTS documents (see the module doc); cached ones in the Arrow cache, keyed
+    by the input's fingerprint and the options."""
+    progress = {"desc": "packing blocks"} if isinstance(documents, Dataset) else {}
+    return documents.map(
         build,
         batched=True,
         batch_size=STREAM_GROUP_DOCUMENTS,
         fn_kwargs=options,
         remove_columns=["input_ids"],
         features=features,
+        **progress,
     )
 
 
@@ -425,8 +429,8 @@ def _random_span(document: Sequence[Sequence[int]], length: int, rng: random.Ran
 
 
 def pack_blocks(tokenized: TokenizedDocs, block_size: int, eos_id: int) -> TokenizedDocs:
-    """GPT / ELMo examples: all documents joined, each followed by the end-of-text token, and cut
-    into `block_size`-token blocks. Only the final remainder (< block_size tokens) is dropped."""
+    """GPT / ELMo examples: the documents of each group joined, each followed by the end-of-text
+    token, and cut into `block_size`-token blocks; a group's remainder (< block_size) is dropped."""
     return _packed(tokenized, block_size, eos_id, prefix=(), suffix=())
 
 
@@ -445,17 +449,21 @@ def _packed(
     prefix: tuple[int, ...],
     suffix: tuple[int, ...],
 ) -> TokenizedDocs:
+    """Cached or streamed, the same blocks: each group of STREAM_GROUP_DOCUMENTS documents
+    packed on its own (the module doc), so that a stream, which cannot carry a group's rest
+    into the next and still resume where it stopped, makes what the cache holds."""
     if block_size < 1:
         raise ConfigError(f"block size {block_size} leaves no room for text; use a larger one")
-    # Tuples, not lists: `datasets` reads a list in gen_kwargs as shards to split among workers.
     options = dict(block_size=block_size, separator_id=separator_id, prefix=prefix, suffix=suffix)
-    if isinstance(tokenized, IterableDataset):
-        return _map_document_groups(tokenized, _packed_batch, options, BLOCK_FEATURES)
-    # Packing is sequential (a block spans documents), so it runs as one generator; its cache
-    # key is the input's fingerprint and the options, not a hash of the whole input.
-    fingerprint = Hasher.hash([_packed_rows, tokenized._fingerprint, *options.values()])
-    gen_kwargs = {"tokenized": tokenized, **options}
-    return cached_from_generator(_packed_rows, BLOCK_FEATURES, gen_kwargs, fingerprint)
+    blocks = _map_document_groups(tokenized, _packed_batch, options, BLOCK_FEATURES)
+    if isinstance(blocks, Dataset) and len(blocks) == 0:
+        joined = corpus_token_count(tokenized) + len(tokenized)
+        raise DataError(
+            f"the corpus has {joined} tokens (with a separator after each document), and no "
+            f"group of {STREAM_GROUP_DOCUMENTS:,} documents holds one block of {block_size}; "
+            "give it more text or use a shorter sequence length"
+        )
+    return blocks
 
 
 def _packed_batch(
@@ -465,33 +473,9 @@ def _packed_batch(
     prefix: tuple[int, ...],
     suffix: tuple[int, ...],
 ) -> dict[str, list]:
-    """The blocks of one group of streamed documents; its last partial block is dropped."""
+    """The blocks of one group of documents; its last partial block is dropped."""
     blocks = list(_blocks(batch["input_ids"], block_size, separator_id, prefix, suffix))
     return {name: [block[name] for block in blocks] for name in BLOCK_FEATURES}
-
-
-def _packed_rows(
-    tokenized: TokenizedDocs,
-    block_size: int,
-    separator_id: int,
-    prefix: tuple[int, ...],
-    suffix: tuple[int, ...],
-) -> Iterator[dict[str, Any]]:
-    documents = (
-        document
-        for batch in tokenized.with_format(None).iter(batch_size=1000)
-        for document in batch["input_ids"]
-    )
-    blocks = 0
-    for block in _blocks(documents, block_size, separator_id, prefix, suffix):
-        blocks += 1
-        yield block
-    if blocks == 0:
-        joined = corpus_token_count(tokenized) + len(tokenized)
-        raise DataError(
-            f"the corpus has {joined} tokens (with a separator after each document), less than "
-            f"one block of {block_size}; give it more text or use a shorter sequence length"
-        )
 
 
 def _blocks(
