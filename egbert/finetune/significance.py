@@ -69,10 +69,10 @@ class Difference:
 
 def dev_predictions(split: str, references: Sequence, predictions: Sequence) -> dict[str, Any]:
     """A split's entry of `dev_predictions`, as the jobs write it (plain JSON numbers)."""
-    return {split: {"references": _plain(references), "predictions": _plain(predictions)}}
+    return {split: {"references": _as_list(references), "predictions": _as_list(predictions)}}
 
 
-def _plain(values: Sequence) -> list:
+def _as_list(values: Sequence) -> list:
     return np.asarray(values).tolist()
 
 
