@@ -137,7 +137,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         said = "%(default)" in help_text or "(default:" in help_text
         if (shown or note) and not said and action.option_strings and action.nargs != 0:
             default = action.default
-            if isinstance(default, list):
+            if isinstance(default, (list, tuple)):
                 default = " ".join(map(str, default)) or "none"
             help_text += f" (default: {str(note or default).replace('%', '%%')})"
         return help_text
@@ -463,7 +463,9 @@ class DataclassArgumentParser(ArgumentParser):
         self.recipe_values: dict[str, Any] = {}
         self.print_needs = tuple(self.recipe_choices)
         for cls in self.dataclass_types:
-            group = self.add_argument_group(getattr(cls, "_argument_group_name", cls.__name__))
+            # a class whose group name is None puts its options among the parser's own
+            title = getattr(cls, "_argument_group_name", cls.__name__)
+            group = self if title is None else self.add_argument_group(title)
             hints = typing.get_type_hints(cls)
             for spec in dataclasses.fields(cls):
                 if spec.init and not spec.name.startswith("_"):
@@ -572,31 +574,36 @@ def field_aliases(cls: type) -> dict[str, list[str]]:
 def field_argument(
     spec: dataclasses.Field, hint: Any, aliases: dict[str, list[str]] | None = None
 ) -> tuple[list[str], dict[str, Any]]:
-    """The option strings and add_argument keywords of one dataclass field."""
-    names = [f"--{spec.name.replace('_', '-')}", *(aliases or {}).get(spec.name, [])]
+    """The option strings and add_argument keywords of one dataclass field. Its metadata:
+    `help`; `option`, its name where it is not the field's (`--from` for `source`);
+    `positional`, an argument without a name; `metavar`; `choices`; `parse`, the type its text is
+    read as where not the field's; `action` "extend" (`--task a --task b` adds up)."""
+    metadata = spec.metadata
     # argparse formats help with %: a literal one ("23% slower") is written %%
-    help_text = spec.metadata.get("help")
-    options: dict[str, Any] = {
-        "dest": spec.name,
-        "help": help_text and help_text.replace("%", "%%"),
-    }
+    help_text = metadata.get("help")
+    options: dict[str, Any] = {"help": help_text and help_text.replace("%", "%%")}
+    options |= {key: metadata[key] for key in ("metavar", "choices", "action") if key in metadata}
+    if metadata.get("positional"):
+        names = [spec.name]  # argparse takes a positional argument's dest from its name
+    else:
+        option = metadata.get("option", f"--{spec.name.replace('_', '-')}")
+        names = [option, *(aliases or {}).get(spec.name, [])]
+        options["dest"] = spec.name
     if spec.default is not dataclasses.MISSING:
         options["default"] = spec.default
     elif spec.default_factory is not dataclasses.MISSING:
         options["default"] = spec.default_factory()
-    else:
+    elif not metadata.get("positional"):
         options["required"] = True
     base = _without_none(hint)
     if base is bool:
         options["action"] = BooleanFlag
         options.setdefault("default", None)
         return names, options
-    if typing.get_origin(base) is list:
+    if typing.get_origin(base) in (list, tuple):  # list[int], tuple[int, ...]: one or more
         options["nargs"] = "+"
         base = typing.get_args(base)[0]
-    options["type"] = spec.metadata.get("parse", base)  # e.g. float, where a field refuses it
-    if "choices" in spec.metadata:
-        options["choices"] = spec.metadata["choices"]
+    options["type"] = metadata.get("parse", base)  # e.g. float, where a field refuses it
     return names, options
 
 
