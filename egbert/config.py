@@ -24,6 +24,45 @@ from egbert.model_files import read_model_config
 from egbert.models.families import FAMILY_OF_MODEL_TYPE, MODEL_FAMILIES
 from egbert.models.heads import CLASSIFIER_FEATURES, CLASSIFIER_POOLS
 
+# Options of transformers' example scripts (run_mlm.py, run_clm.py, run_glue.py) that egbert's
+# pretrain and finetune lack, with what to use instead (the ones they have are aliases of their
+# own options: `--learning-rate` of --lr, ...). docs/commands.md has the whole table.
+SCRIPT_HINTS = {
+    "--do-train": "egbert always trains; drop it",
+    "--do-eval": "the validation data given is evaluated; drop it",
+    "--do-predict": "finetune predicts the test files unless --no-predict",
+    "--torch-dtype": "egbert's mixed precision is --bf16 or --fp16",
+    "--model-type": "pretrain: --model bert|gpt|elmo",
+    "--config-name": "pretrain: --preset (a name or a YAML file of config kwargs)",
+    "--tokenizer-name": "pretrain: --tokenizer; finetune reads the model folder's",
+    "--dataset-name": "pretrain: --dataset; finetune: --task or --train-file",
+    "--dataset-config-name": "pretrain: --dataset-config",
+    "--train-file": "pretrain: --train-files",
+    "--validation-file": "pretrain: --validation-files",
+    "--line-by-line": "pretrain: --doc-boundary line",
+    "--keep-linebreaks": "pretrain: --doc-boundary",
+    "--pad-to-max-length": "egbert pads each batch to its longest example; drop it",
+    "--overwrite-cache": "egbert's cache follows the files' sizes and dates; drop it",
+    "--cache-dir": "set HF_DATASETS_CACHE",
+    "--per-device-eval-batch-size": "evaluation batches are --batch-size",
+    "--eval-strategy": "--eval-every N (steps; 0: at the end)",
+    "--evaluation-strategy": "--eval-every N (steps; 0: at the end)",
+    "--save-strategy": "--save-every N (steps; 0: at the end)",
+    "--logging-strategy": "--log-every N (steps)",
+    "--logging-dir": "the trackers' logs go to OUTPUT_DIR/logs",
+    "--load-best-model-at-end": "--metric-for-best-model",
+    "--dataloader-num-workers": "--num-workers",
+    "--torch-compile": "--compile",
+    "--torch-compile-mode": "--compile-mode",
+    "--label-smoothing-factor": "--label-smoothing",
+    "--optim": "egbert trains with AdamW (--adam-beta1, --adam-beta2, --adam-epsilon)",
+    "--push-to-hub": "`egbert push` after the run",
+    "--hub-model-id": "`egbert push --repo-id`",
+    "--trust-remote-code": "egbert never runs a model folder's code; drop it",
+    "--use-fast-tokenizer": "egbert's tokenizers are fast ones; drop it",
+    "--no-cuda": "--use-cpu",
+    "--low-cpu-mem-usage": "drop it",
+}
 SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
 # torch.compile's modes (torch.compile's docs); "default" is what --compile uses unless told
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

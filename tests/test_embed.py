@@ -21,8 +21,10 @@ from test_pretrain_run import logged
 from transformers import AutoModel, AutoTokenizer
 
 from egbert import cli
-from egbert.commands.embed import build_parser, main
+from egbert.arguments import parse_args
+from egbert.commands.embed import main
 from egbert.embedding import COMBINES, POOLS, embed, load_model
+from egbert.embedding.options import EMBED_ARGUMENTS
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
@@ -359,7 +361,8 @@ def test_the_library_and_the_command_share_their_defaults(family_dirs: dict, tmp
     assert expected.shape == (2, 4 * WIDTH)
     np.testing.assert_allclose(np.load(tmp_path / "o.npy"), expected, atol=1e-5)
     np.testing.assert_allclose(embed(model_dir, TEXTS[:2]), expected, atol=1e-5)
-    parser_defaults = build_parser().parse_args(["--model", "m", "--input", "i", "--output", "o"])
+    argv = ["--model", "m", "--input", "i", "--output", "o"]
+    _, parser_defaults, _ = parse_args(EMBED_ARGUMENTS, argv, "egbert embed", "")
     assert (parser_defaults.pool, parser_defaults.batch_size) == ("mean", 64)
     assert parser_defaults.layers is None  # the model's last four layers, or all of fewer
 

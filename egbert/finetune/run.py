@@ -50,8 +50,9 @@ from transformers import (
 )
 
 import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with the Auto classes)
-from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
+from egbert.arguments import arguments_from_options, parse_args
 from egbert.config import (
+    SCRIPT_HINTS,
     FinetuneArguments,
     TrainingArguments,
     apply_config_overrides,
