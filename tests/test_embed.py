@@ -591,3 +591,22 @@ def test_cli_runs_the_model_under_the_autocast_given(family_dirs: dict, tmp_path
         assert vectors.dtype == np.float32 and np.array_equal(vectors, expected)
     with pytest.raises(ConfigError, match="choose one"):
         embed(model, texts, tokenizer=tokenizer, bf16=True, fp16=True)
+
+
+@pytest.mark.parametrize(
+    ("second_line", "message"),
+    [
+        ('{"text": "cut off', "broken.jsonl:2: not valid JSON"),
+        ('["a list"]', "broken.jsonl:2: expected a JSON object per line"),
+        ('{"text": "\\ud800"}', "broken.jsonl:2: a \\\\u escape stands for half a character"),
+    ],
+)
+def test_a_jsonl_input_line_that_is_no_object_is_named_by_file_and_line(
+    family_dirs: dict, tmp_path: Path, second_line: str, message: str
+):
+    """The JSONL reader fine-tuning's custom tasks use (egbert.jsonl), with its messages."""
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "fine"}\n' + second_line + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=message):
+        main(["--model", str(family_dirs["bert"]), "--input", str(broken), "--output",
+              str(tmp_path / "out.npy")])  # fmt: skip

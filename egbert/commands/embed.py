@@ -4,7 +4,6 @@ checks), its input read from a file or stdin and its output to a file or stdout.
 from __future__ import annotations
 
 import io
-import json
 import sys
 import warnings
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from egbert.embedding.options import EMBED_ARGUMENTS, EmbedLoading
 from egbert.embedding.vectors import TextOrPair
 from egbert.embedding.writers import STDOUT
 from egbert.errors import DataError
+from egbert.jsonl import jsonl_objects
 from egbert.tokenizer import check_encoding
 
 PAIR_SEPARATOR = "|||"  # in text input: "first text ||| second text"
@@ -130,18 +130,12 @@ def _read_txt(path: Path, encoding: str) -> Iterator[TextOrPair]:
 def _read_jsonl(
     path: Path, encoding: str, text_field: str, pair_field: str | None
 ) -> Iterator[TextOrPair]:
-    """One JSON object per line; blank lines are skipped."""
+    """The text (or the pair of texts) of each object, one a line; blank lines are skipped."""
+    fields = [text_field] if pair_field is None else [text_field, pair_field]
     with path.open(encoding=encoding) as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path} line {number}: not valid JSON ({error.msg})") from error
-            fields = [text_field] if pair_field is None else [text_field, pair_field]
+        for number, record in jsonl_objects(path, handle):
             for field in fields:
-                if not isinstance(record, dict) or not isinstance(record.get(field), str):
+                if not isinstance(record.get(field), str):
                     raise DataError(
                         f"{path} line {number}: no text field {field!r}; "
                         "name the field with --text-field / --pair-field"
