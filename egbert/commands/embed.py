@@ -21,8 +21,6 @@ from egbert.jsonl import jsonl_objects
 from egbert.tokenizer import check_encoding
 
 PAIR_SEPARATOR = "|||"  # in text input: "first text ||| second text"
-
-
 DESCRIPTION = (
     "Extract sentence or token embeddings from chosen layers of a saved model (egbert "
     "bert/gpt/elmo or a stock transformers BERT/GPT-2 directory), as egbert.embed(...) does with "
