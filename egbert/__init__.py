@@ -36,6 +36,7 @@ _EXPORTS = {
     "egbert.pretrain.options": ["ModelArguments", "DataArguments", "ObjectiveArguments"],
     "egbert.embedding": ["embed", "load_model", "TokenEmbeddings", "EmbedOptions"],
     "egbert.pretrain.prepare": ["prepare_corpus"],
+    "egbert.finetune.options": ["FinetuneArguments"],
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
     "egbert.quickstart.run": ["run_quickstart"],
     "egbert.quickstart.options": ["QuickstartArguments"],
@@ -60,7 +61,6 @@ _EXPORTS = {
     "egbert.tokenizer": ["train_tokenizer", "load_tokenizer"],
     "egbert.config": [
         "TrainingArguments",
-        "FinetuneArguments",
         "load_preset",
         "available_presets",
         "apply_config_overrides",

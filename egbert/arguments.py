@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import inspect
 import json
 import math
 import sys
@@ -38,45 +37,6 @@ import yaml
 from egbert.errors import ConfigError
 
 CONFIG_HELP = "YAML or JSON file of options (option or field names); the command line overrides it"
-# Options of transformers' example scripts (run_mlm.py, run_clm.py, run_glue.py) that egbert's
-# pretrain and finetune lack, with what to use instead (the ones they have are aliases of their
-# own options: `--learning-rate` of --lr, ...). docs/commands.md has the whole table.
-SCRIPT_HINTS = {
-    "--do-train": "egbert always trains; drop it",
-    "--do-eval": "the validation data given is evaluated; drop it",
-    "--do-predict": "finetune predicts the test files unless --no-predict",
-    "--torch-dtype": "egbert's mixed precision is --bf16 or --fp16",
-    "--model-type": "pretrain: --model bert|gpt|elmo",
-    "--config-name": "pretrain: --preset (a name or a YAML file of config kwargs)",
-    "--tokenizer-name": "pretrain: --tokenizer; finetune reads the model folder's",
-    "--dataset-name": "pretrain: --dataset; finetune: --task or --train-file",
-    "--dataset-config-name": "pretrain: --dataset-config",
-    "--train-file": "pretrain: --train-files",
-    "--validation-file": "pretrain: --validation-files",
-    "--line-by-line": "pretrain: --doc-boundary line",
-    "--keep-linebreaks": "pretrain: --doc-boundary",
-    "--pad-to-max-length": "egbert pads each batch to its longest example; drop it",
-    "--overwrite-cache": "egbert's cache follows the files' sizes and dates; drop it",
-    "--cache-dir": "set HF_DATASETS_CACHE",
-    "--per-device-eval-batch-size": "evaluation batches are --batch-size",
-    "--eval-strategy": "--eval-every N (steps; 0: at the end)",
-    "--evaluation-strategy": "--eval-every N (steps; 0: at the end)",
-    "--save-strategy": "--save-every N (steps; 0: at the end)",
-    "--logging-strategy": "--log-every N (steps)",
-    "--logging-dir": "the trackers' logs go to OUTPUT_DIR/logs",
-    "--load-best-model-at-end": "--metric-for-best-model",
-    "--dataloader-num-workers": "--num-workers",
-    "--torch-compile": "--compile",
-    "--torch-compile-mode": "--compile-mode",
-    "--label-smoothing-factor": "--label-smoothing",
-    "--optim": "egbert trains with AdamW (--adam-beta1, --adam-beta2, --adam-epsilon)",
-    "--push-to-hub": "`egbert push` after the run",
-    "--hub-model-id": "`egbert push --repo-id`",
-    "--trust-remote-code": "egbert never runs a model folder's code; drop it",
-    "--use-fast-tokenizer": "egbert's tokenizers are fast ones; drop it",
-    "--no-cuda": "--use-cpu",
-    "--low-cpu-mem-usage": "drop it",
-}
 PRINT_CONFIG_HELP = (
     "print the resolved options as YAML (a file for --config) and exit; a comment on each line "
     "says where its value came from (default, recipe, config file or command line)"
@@ -137,7 +97,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         said = "%(default)" in help_text or "(default:" in help_text
         if (shown or note) and not said and action.option_strings and action.nargs != 0:
             default = action.default
-            if isinstance(default, list):
+            if isinstance(default, (list, tuple)):
                 default = " ".join(map(str, default)) or "none"
             help_text += f" (default: {str(note or default).replace('%', '%%')})"
         return help_text
@@ -268,19 +228,6 @@ class ArgumentParser(argparse.ArgumentParser):
             for name, value in values.items()
             if name in actions
         }
-
-    def defaults_from(self, function: Callable[..., Any]) -> None:
-        """Take the options' defaults from the keyword defaults of the function they are passed
-        to (its Python API), so that both have the same ones."""
-        dests = {action.dest for action in self._actions}
-        parameters = inspect.signature(function).parameters.values()
-        self.set_defaults(
-            **{
-                p.name: list(p.default) if isinstance(p.default, tuple) else p.default
-                for p in parameters
-                if p.name in dests and p.default is not inspect.Parameter.empty
-            }
-        )
 
     def apply_defaults(self, values: dict[str, Any], source: str | dict[str, str]) -> None:
         """Make `values` (by dest) the defaults; an option with a value is no longer required.
@@ -463,7 +410,9 @@ class DataclassArgumentParser(ArgumentParser):
         self.recipe_values: dict[str, Any] = {}
         self.print_needs = tuple(self.recipe_choices)
         for cls in self.dataclass_types:
-            group = self.add_argument_group(getattr(cls, "_argument_group_name", cls.__name__))
+            # a class whose group name is None puts its options among the parser's own
+            title = getattr(cls, "_argument_group_name", cls.__name__)
+            group = self if title is None else self.add_argument_group(title)
             hints = typing.get_type_hints(cls)
             for spec in dataclasses.fields(cls):
                 if spec.init and not spec.name.startswith("_"):
@@ -536,10 +485,13 @@ class DataclassArgumentParser(ArgumentParser):
         return f"{recipe}, then the {source}" if merges and given else source
 
     def resolved_options(self, namespace: argparse.Namespace) -> dict[str, Any]:
-        """The dataclasses' fields once they are built (and validated)."""
+        """The dataclasses' fields once they are built (and validated); a field with a `parse`
+        function and a `show` one is written as the text `parse` reads (`--layers -1,-2`)."""
         options = {}
         for instance in self.into_dataclasses(namespace):
-            options |= {name: _plain(value) for name, value in dataclasses.asdict(instance).items()}
+            for spec in dataclasses.fields(instance):
+                value, show = getattr(instance, spec.name), spec.metadata.get("show")
+                options[spec.name] = _plain(value if show is None or value is None else show(value))
         return options
 
 
@@ -572,31 +524,38 @@ def field_aliases(cls: type) -> dict[str, list[str]]:
 def field_argument(
     spec: dataclasses.Field, hint: Any, aliases: dict[str, list[str]] | None = None
 ) -> tuple[list[str], dict[str, Any]]:
-    """The option strings and add_argument keywords of one dataclass field."""
-    names = [f"--{spec.name.replace('_', '-')}", *(aliases or {}).get(spec.name, [])]
+    """The option strings and add_argument keywords of one dataclass field. Its metadata:
+    `help`; `option`, its name where it is not the field's (`--from` for `source`);
+    `positional`, an argument without a name; `metavar`; `choices`; `parse`, the function that
+    reads its text where the field's type does not; `action` "extend" (`--task a --task b` adds
+    up)."""
+    metadata = spec.metadata
     # argparse formats help with %: a literal one ("23% slower") is written %%
-    help_text = spec.metadata.get("help")
-    options: dict[str, Any] = {
-        "dest": spec.name,
-        "help": help_text and help_text.replace("%", "%%"),
-    }
+    help_text = metadata.get("help")
+    options: dict[str, Any] = {"help": help_text and help_text.replace("%", "%%")}
+    options |= {key: metadata[key] for key in ("metavar", "choices", "action") if key in metadata}
+    if metadata.get("positional"):
+        names = [spec.name]  # argparse takes a positional argument's dest from its name
+    else:
+        option = metadata.get("option", f"--{spec.name.replace('_', '-')}")
+        names = [option, *(aliases or {}).get(spec.name, [])]
+        options["dest"] = spec.name
     if spec.default is not dataclasses.MISSING:
         options["default"] = spec.default
     elif spec.default_factory is not dataclasses.MISSING:
         options["default"] = spec.default_factory()
-    else:
+    elif not metadata.get("positional"):
         options["required"] = True
     base = _without_none(hint)
     if base is bool:
         options["action"] = BooleanFlag
         options.setdefault("default", None)
         return names, options
-    if typing.get_origin(base) is list:
-        options["nargs"] = "+"
+    # a `parse` function reads the whole value (e.g. float, where a field refuses it; "-1,-2")
+    if typing.get_origin(base) in (list, tuple) and "parse" not in metadata:
+        options["nargs"] = "+"  # list[int], tuple[int, ...]: one value or more
         base = typing.get_args(base)[0]
-    options["type"] = spec.metadata.get("parse", base)  # e.g. float, where a field refuses it
-    if "choices" in spec.metadata:
-        options["choices"] = spec.metadata["choices"]
+    options["type"] = metadata.get("parse", base)
     return names, options
 
 
@@ -633,6 +592,39 @@ def parse_args(
     if defaults:
         parser.apply_defaults(parser.converted(defaults, f"the {prog} defaults"), DEFAULT)
     return parser.into_dataclasses(parser.parse_args(argv))
+
+
+@dataclasses.dataclass(frozen=True)
+class Subcommand:
+    """A subcommand (`egbert tokenizer train`): its options' dataclasses, its line in the
+    command's --help, and its own --help's description."""
+
+    dataclass_types: tuple[type, ...]
+    summary: str
+    description: str
+
+
+def parse_subcommand_args(
+    subcommands: dict[str, Subcommand], argv: list[str] | None, prog: str, description: str
+) -> tuple[str, tuple[Any, ...]]:
+    """Parse `argv`, the name of one of `subcommands` and its options, into (that name, the
+    instances of its dataclasses), each subcommand's options as `parse_args` reads a command's."""
+    parser = ArgumentParser(prog, config=False, description=description)
+    choices = parser.add_subparsers(
+        dest="subcommand",
+        required=True,
+        metavar="{" + ",".join(subcommands) + "}",
+        parser_class=DataclassArgumentParser,
+    )
+    for name, sub in subcommands.items():
+        choices.add_parser(
+            name,
+            dataclass_types=sub.dataclass_types,
+            help=sub.summary,
+            description=sub.description,
+        )
+    namespace = parser.parse_args(argv)
+    return namespace.subcommand, choices.choices[namespace.subcommand].into_dataclasses(namespace)
 
 
 def option_aliases(dataclass_types: Sequence[type]) -> dict[str, str]:

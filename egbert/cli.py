@@ -2,10 +2,11 @@
 
 Where a command lives: `egbert COMMAND` runs `main(argv)` of `egbert/commands/COMMAND.py` (a
 hyphen becomes an underscore: `egbert prompt-eval` is `egbert/commands/prompt_eval.py`). A
-command's module is its command line and nothing else: it parses argv (with the job's own
-parser where the job has one, so that `--help` shows the defaults the Python API uses) and calls
-the job's library function (`egbert pretrain` -> `egbert.pretrain.run.pretrain`), then prints
-what the command reports. The jobs never import `egbert.commands`.
+command's module is its command line and nothing else: it parses argv into the job's option
+dataclasses with egbert.arguments' one dataclass parser (so that `--help` shows the defaults the
+Python API uses), calls the job's library function (`egbert pretrain` ->
+`egbert.pretrain.run.pretrain`), then prints what the command reports. The jobs never import
+`egbert.commands`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Run configurations: dataclasses whose fields are the command-line options of a job
-(`TrainingArguments` for the shared trainer, `FinetuneArguments`, ...; pretraining's, by concern,
-are in egbert.pretrain.options), and the files that give them values.
+"""Run configurations: the shared trainer's options (`TrainingArguments`, a dataclass whose
+fields are command-line options; each job's own are in its folder: egbert.pretrain.options,
+egbert.finetune.options, ...), and the files that give them values.
 
 Every field is an option (`--seq-len 128`; egbert.arguments builds the parser), and any of them
 can come from a YAML or JSON file instead (`--config run.yaml`, a flat mapping of field names);
@@ -22,8 +22,46 @@ from egbert.arguments import read_config_file
 from egbert.errors import CheckpointError, ConfigError
 from egbert.families import FAMILY_OF_MODEL_TYPE, MODEL_FAMILIES
 from egbert.model_files import read_model_config
-from egbert.models.heads import CLASSIFIER_FEATURES, CLASSIFIER_POOLS
 
+# Options of transformers' example scripts (run_mlm.py, run_clm.py, run_glue.py) that egbert's
+# pretrain and finetune lack, with what to use instead (the ones they have are aliases of their
+# own options: `--learning-rate` of --lr, ...). docs/commands.md has the whole table.
+SCRIPT_HINTS = {
+    "--do-train": "egbert always trains; drop it",
+    "--do-eval": "the validation data given is evaluated; drop it",
+    "--do-predict": "finetune predicts the test files unless --no-predict",
+    "--torch-dtype": "egbert's mixed precision is --bf16 or --fp16",
+    "--model-type": "pretrain: --model bert|gpt|elmo",
+    "--config-name": "pretrain: --preset (a name or a YAML file of config kwargs)",
+    "--tokenizer-name": "pretrain: --tokenizer; finetune reads the model folder's",
+    "--dataset-name": "pretrain: --dataset; finetune: --task or --train-file",
+    "--dataset-config-name": "pretrain: --dataset-config",
+    "--train-file": "pretrain: --train-files",
+    "--validation-file": "pretrain: --validation-files",
+    "--line-by-line": "pretrain: --doc-boundary line",
+    "--keep-linebreaks": "pretrain: --doc-boundary",
+    "--pad-to-max-length": "egbert pads each batch to its longest example; drop it",
+    "--overwrite-cache": "egbert's cache follows the files' sizes and dates; drop it",
+    "--cache-dir": "set HF_DATASETS_CACHE",
+    "--per-device-eval-batch-size": "evaluation batches are --batch-size",
+    "--eval-strategy": "--eval-every N (steps; 0: at the end)",
+    "--evaluation-strategy": "--eval-every N (steps; 0: at the end)",
+    "--save-strategy": "--save-every N (steps; 0: at the end)",
+    "--logging-strategy": "--log-every N (steps)",
+    "--logging-dir": "the trackers' logs go to OUTPUT_DIR/logs",
+    "--load-best-model-at-end": "--metric-for-best-model",
+    "--dataloader-num-workers": "--num-workers",
+    "--torch-compile": "--compile",
+    "--torch-compile-mode": "--compile-mode",
+    "--label-smoothing-factor": "--label-smoothing",
+    "--optim": "egbert trains with AdamW (--adam-beta1, --adam-beta2, --adam-epsilon)",
+    "--push-to-hub": "`egbert push` after the run",
+    "--hub-model-id": "`egbert push --repo-id`",
+    "--trust-remote-code": "egbert never runs a model folder's code; drop it",
+    "--use-fast-tokenizer": "egbert's tokenizers are fast ones; drop it",
+    "--no-cuda": "--use-cpu",
+    "--low-cpu-mem-usage": "drop it",
+}
 SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
 # torch.compile's modes (torch.compile's docs); "default" is what --compile uses unless told
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -289,25 +327,6 @@ class TrainingArguments:
         return 0 < self.warmup_steps < 1
 
 
-@dataclass
-class PrepareArguments:
-    """Where `egbert prepare` writes its folder (what it prepares: egbert.pretrain.options)."""
-
-    _argument_group_name = "prepared folder"
-
-    output_dir: str = field(
-        metadata={"help": "the folder to write (if it exists: prepared with the same options)"}
-    )
-    seed: int = field(
-        default=TrainingArguments.seed,
-        metadata={"help": "bert: the seed of the sentence pairs and static masks"},
-    )
-    verify: bool = field(
-        default=False,
-        metadata={"help": "check the folder in --output-dir (every file's sha256) and exit"},
-    )
-
-
 def merge_config_overrides(base: str | None, added: str | None) -> str | None:
     """`added`'s key=value pairs over `base`'s: a key in both takes `added`'s value, the others
     keep theirs (how --config-overrides adds to a recipe's)."""
@@ -316,128 +335,6 @@ def merge_config_overrides(base: str | None, added: str | None) -> str | None:
         for item in filter(None, (overrides or "").split(",")):
             items[item.partition("=")[0].strip()] = item.strip()
     return ",".join(items.values()) or None
-
-
-@dataclass
-class FinetuneArguments:
-    """What to fine-tune and on which task (the trainer's options are `TrainingArguments`)."""
-
-    _argument_group_name = "task, data and model"
-    _aliases = {"model": ["--model-name-or-path"]}  # run_glue.py's name
-
-    model: str = field(
-        metadata={
-            "help": "an egbert model (or pretraining run) directory (bert, gpt or elmo), or a "
-            "stock transformers BERT/GPT-2 checkpoint (converted on the fly), with its tokenizer"
-        }
-    )
-    task: str | None = field(
-        default=None,
-        metadata={
-            "help": "a GLUE task (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli) or all "
-            "(every task whose train and dev files are in --data-dir); not with --train-file"
-        },
-    )
-    data_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "the GLUE folder (CoLA/train.tsv, RTE/dev.tsv, ...); without it the data "
-            "comes from the hub's nyu-mll/glue, which needs the network"
-        },
-    )
-    train_file: str | None = field(
-        default=None, metadata={"help": "custom task: CSV, TSV or JSONL with a header"}
-    )
-    validation_file: str | None = field(default=None, metadata={"help": "custom task: dev file"})
-    test_file: str | None = field(
-        default=None, metadata={"help": "custom task: a file to predict (optional)"}
-    )
-    text_columns: list[str] = field(
-        default_factory=list, metadata={"help": "custom task: one or two text columns"}
-    )
-    label_column: str = field(default="label", metadata={"help": "custom task: the label column"})
-    regression: bool = field(
-        default=False, metadata={"help": "custom task: labels are scores, not classes"}
-    )
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "train on the first N training examples only"}
-    )
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "tokens per example, longer ones truncated (default: 128, or the model's "
-            "max_position_embeddings if smaller)"
-        },
-    )
-    features: str = field(
-        default="cls",
-        metadata={
-            "help": "what the classifier reads: the model's summary vector ([CLS] pooler for "
-            "bert), the last 4 layers concatenated or summed, or a learned scalar mix of all "
-            "layers",
-            "choices": list(CLASSIFIER_FEATURES),
-        },
-    )
-    pool: str = field(
-        default="cls",
-        metadata={
-            "help": "how layer features become one vector, with --features last4-*/scalar-mix: "
-            "the summary position or the mean over tokens",
-            "choices": list(CLASSIFIER_POOLS),
-        },
-    )
-    layer_norm: bool = field(
-        default=False,
-        metadata={
-            "help": "normalize each pooled layer before the layers are combined (ELMo's option "
-            "for layers of very different scales)"
-        },
-    )
-    freeze: bool = field(
-        default=False, metadata={"help": "feature-based: train only the classifier head"}
-    )
-    config_overrides: str | None = field(
-        default=None,
-        metadata={
-            "help": "change fields of the model's config for fine-tuning, e.g. "
-            "'hidden_dropout_prob=0.1' (the format of run_mlm.py's --config_overrides); added "
-            "to the recipe's: a key given replaces that key only",
-            "merge": merge_config_overrides,
-        },
-    )
-    allow_pickle: bool = field(
-        default=False,
-        metadata={
-            "help": "also load a pickle checkpoint (pytorch_model.bin, *.pt) when the model "
-            "directory has no safetensors weights, with torch.load(weights_only=True)"
-        },
-    )
-    predict: bool = field(
-        default=True,
-        metadata={"help": "write GLUE submission files for the test sets (--no-predict: skip)"},
-    )
-    base_model_id: str | None = field(
-        default=None,
-        metadata={"help": "the Hub id of --model, for the model card's base_model metadata"},
-    )
-    license: str = field(default="apache-2.0", metadata={"help": "the model card's license"})
-
-    def __post_init__(self) -> None:
-        if self.features not in CLASSIFIER_FEATURES:
-            raise ConfigError(
-                f"unknown --features {self.features!r}; use one of {CLASSIFIER_FEATURES}"
-            )
-        if self.pool not in CLASSIFIER_POOLS:
-            raise ConfigError(f"unknown --pool {self.pool!r}; use one of {CLASSIFIER_POOLS}")
-        if self.pool == "mean" and self.features == "cls":
-            raise ConfigError(
-                "--pool mean pools layer features: use it with --features last4-concat, "
-                "last4-sum or scalar-mix (--features cls is the model's own summary vector)"
-            )
-        if self.max_seq_length is not None and self.max_seq_length < 8:
-            raise ConfigError(f"--max-seq-length must be >= 8, got {self.max_seq_length}")
-        if self.max_train_samples is not None and self.max_train_samples < 1:
-            raise ConfigError(f"--max-train-samples must be >= 1, got {self.max_train_samples}")
 
 
 def available_presets(family: str) -> list[str]:

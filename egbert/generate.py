@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from argparse import Namespace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, TextStreamer
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
 from egbert.errors import CheckpointError, ConfigError
 from egbert.families import CAUSAL_MODEL_TYPES
-from egbert.model_files import load_pretrained, read_model_config
+from egbert.model_files import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
 from egbert.training.runtime import requested_precision
 
@@ -26,43 +26,78 @@ def check_generative_model(model_dir: Path) -> None:
         )
 
 
-def check_sampling_options(args: Namespace) -> None:
+@dataclass
+class GenerateArguments:
+    """The options of `egbert generate` (`generate_text`'s arguments; --model is its
+    model_dir), checked when built."""
+
+    _argument_group_name = None  # among the parser's own options
+
+    model: str = field(metadata={"help": "gpt model directory (with its tokenizer)"})
+    prompt: str = field(metadata={"help": "text to continue"})
+    max_new_tokens: int = field(default=50, metadata={"help": "tokens to generate"})
+    temperature: float | None = field(
+        default=None, metadata={"help": "sampling temperature; 0 or absent: greedy"}
+    )
+    top_k: int | None = field(default=None, metadata={"help": "sample from the k likeliest"})
+    top_p: float | None = field(
+        default=None, metadata={"help": "sample from the smallest set with this mass"}
+    )
+    seed: int | None = field(default=None, metadata={"help": "random seed for sampling"})
+    bf16: bool = field(default=False, metadata={"help": "bf16 autocast"})
+    fp16: bool = field(
+        default=False, metadata={"help": "fp16 autocast, for GPUs without bf16; instead of --bf16"}
+    )
+    allow_pickle: bool = field(default=False, metadata={"help": ALLOW_PICKLE_HELP})
+
+    def __post_init__(self) -> None:
+        check_prompt(self.prompt)
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"--top-k must be at least 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
+
+
+def check_prompt(prompt: str | None) -> None:
+    """A prompt is text (None: not given yet, as --print-config shows it)."""
+    if prompt is None:
+        return
     try:
-        args.prompt.encode("utf-8")
+        prompt.encode("utf-8")
     except UnicodeEncodeError:  # Python keeps undecodable command-line bytes as lone surrogates
         raise ConfigError(
             "--prompt holds bytes that are not valid text in the terminal's encoding; "
             "pass UTF-8 text"
         ) from None
-    if args.max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.temperature is not None and args.temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
-    if args.top_k is not None and args.top_k < 1:
-        raise ConfigError(f"--top-k must be at least 1, got {args.top_k}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise ConfigError(f"--top-p must be in (0, 1], got {args.top_p}")
 
 
 def generate_text(
     model_dir: str | Path,
     prompt: str,
-    max_new_tokens: int = 50,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
+    max_new_tokens: int = GenerateArguments.max_new_tokens,
+    temperature: float | None = GenerateArguments.temperature,
+    top_k: int | None = GenerateArguments.top_k,
+    top_p: float | None = GenerateArguments.top_p,
+    seed: int | None = GenerateArguments.seed,
     stream: bool = True,
-    allow_pickle: bool = False,
-    bf16: bool = False,
-    fp16: bool = False,
+    allow_pickle: bool = GenerateArguments.allow_pickle,
+    bf16: bool = GenerateArguments.bf16,
+    fp16: bool = GenerateArguments.fp16,
 ) -> str:
     """Continue `prompt` with the gpt model in `model_dir`; temperature 0 or None means greedy.
 
     Prints the continuation as it is produced when `stream`; returns it either way. A pickle
     checkpoint (pytorch_model.bin) needs `allow_pickle` (then torch.load(weights_only=True)).
-    `bf16` (or `fp16`, for GPUs without bf16) runs the model under that autocast.
+    `bf16` (or `fp16`, for GPUs without bf16) runs the model under that autocast. The options
+    are checked as the command line's (`GenerateArguments`).
     """
+    GenerateArguments(
+        str(model_dir), prompt, max_new_tokens, temperature, top_k, top_p, seed, bf16, fp16
+    )
     model_dir = Path(model_dir)
     check_generative_model(model_dir)
     model = load_pretrained(AutoModelForCausalLM, model_dir, allow_pickle=allow_pickle)

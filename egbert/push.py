@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub import HfApi
@@ -119,13 +119,31 @@ def check_token(api: HfApi) -> None:
         raise ConfigError(f"the Hub refused the token: {first_line(error)}") from None
 
 
+@dataclass
+class PushArguments:
+    """The options of `egbert push`, the arguments of `push_to_hub`."""
+
+    _argument_group_name = None  # among the parser's own options
+
+    repo_id: str = field(metadata={"help": "Hub repository, USER/NAME"})
+    folder: str = field(metadata={"help": "model folder or run directory"})
+    private: bool = field(default=False, metadata={"help": "create the repository private"})
+    revision: str | None = field(
+        default=None, metadata={"help": "branch to push to (default: main)"}
+    )
+    commit_message: str | None = field(default=None, metadata={"help": "commit message on the Hub"})
+    dry_run: bool = field(
+        default=False, metadata={"help": "print the files that would go up, upload nothing"}
+    )
+
+
 def push_to_hub(
     folder: str | os.PathLike,
     repo_id: str,
-    private: bool = False,
-    revision: str | None = None,
-    commit_message: str | None = None,
-    dry_run: bool = False,
+    private: bool = PushArguments.private,
+    revision: str | None = PushArguments.revision,
+    commit_message: str | None = PushArguments.commit_message,
+    dry_run: bool = PushArguments.dry_run,
 ) -> PushPlan:
     """Upload the model in `folder` (a model folder, or a run directory with a model/ subfolder)
     to the Hub repository `repo_id` ("USER/NAME"), creating it (private if asked) and the branch

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,6 @@ from tokenizers import (
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFast
 
-from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.families import FAMILY_OF_MODEL_TYPE, MODEL_FAMILIES
 from egbert.model_files import hub_id_note, resolve_model_dir
@@ -66,6 +66,70 @@ SPECIAL_ROLES = (
 # default 128; `egbert embed`, which holds inputs to the tokenizer's limit, rarely meets it.
 RECURRENT_MAX_LENGTH = 512
 KINDS = ("wordpiece", "bpe")
+ENCODING_HELP = "the files' encoding"
+
+
+@dataclass
+class TokenizerTrainArguments:
+    """The options of `egbert tokenizer train`, the arguments of `train_tokenizer` (--out is its
+    out_dir)."""
+
+    _argument_group_name = None  # among the parser's own options
+
+    files: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "corpus files, read as pretrain's --train-files: text (.txt, .tokens, ...; "
+            "also .gz .bz2 .xz .zst; each non-blank line a text), .jsonl/.json/.csv/.parquet "
+            "(each row a text), or a data set folder (save_to_disk, or files load_dataset reads)"
+        },
+    )
+    dataset: str | None = field(
+        default=None, metadata={"help": "a Hub data set (or its local copy), as pretrain's"}
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "--dataset's configuration"})
+    split: str = field(default="train", metadata={"help": "--dataset's split"})
+    text_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "the column of the text in tables and data sets (default: the only string "
+            "column, else one named text, content or document)"
+        },
+    )
+    source_weights: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "mix the sources (each of --files, then --dataset) with these weights, as "
+            "pretrain"
+        },
+    )
+    kind: str = field(
+        default="wordpiece", metadata={"help": "the tokenizer's model", "choices": KINDS}
+    )
+    vocab_size: int = field(default=30522, metadata={"help": "tokens in the vocabulary"})
+    lowercase: bool = field(default=False, metadata={"help": "lowercase (and strip accents)"})
+    min_frequency: int = field(default=2, metadata={"help": "fewer occurrences: not a token"})
+    encoding: str = field(default="utf-8", metadata={"help": ENCODING_HELP})
+    encoding_errors: str = field(
+        default="strict", metadata={"help": ENCODING_ERRORS_HELP, "choices": DECODE_ERRORS}
+    )
+    out: str = field(kw_only=True, metadata={"help": "output directory"})
+
+
+@dataclass
+class TokenizerStatsArguments:
+    """The options of `egbert tokenizer stats`: `tokenizer_stats`'s arguments (--tokenizer: the
+    folder it is loaded from), and how they are printed."""
+
+    _argument_group_name = None  # among the parser's own options
+
+    tokenizer: str = field(metadata={"help": "tokenizer or model directory"})
+    files: list[str] = field(metadata={"help": "text files, one text per line"})
+    encoding: str = field(default="utf-8", metadata={"help": ENCODING_HELP})
+    encoding_errors: str = field(
+        default="strict", metadata={"help": ENCODING_ERRORS_HELP, "choices": DECODE_ERRORS}
+    )
+    json: bool = field(default=False, metadata={"help": "print the statistics as JSON"})
 
 
 def iter_lines(
@@ -147,20 +211,20 @@ def _wrap(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
 
 
 def train_tokenizer(
-    files: Sequence[str | os.PathLike] = (),
-    kind: str = "wordpiece",
-    vocab_size: int = 30522,
-    lowercase: bool = False,
+    files: Sequence[str | os.PathLike] = TokenizerTrainArguments.files,
+    kind: str = TokenizerTrainArguments.kind,
+    vocab_size: int = TokenizerTrainArguments.vocab_size,
+    lowercase: bool = TokenizerTrainArguments.lowercase,
     out_dir: str | os.PathLike | None = None,
-    min_frequency: int = 2,
-    encoding: str = "utf-8",
+    min_frequency: int = TokenizerTrainArguments.min_frequency,
+    encoding: str = TokenizerTrainArguments.encoding,
     show_progress: bool = True,
-    encoding_errors: str = "strict",
-    dataset: str | None = None,
-    dataset_config: str | None = None,
-    split: str = "train",
-    text_column: str | None = None,
-    source_weights: Sequence[float] | None = None,
+    encoding_errors: str = TokenizerTrainArguments.encoding_errors,
+    dataset: str | None = TokenizerTrainArguments.dataset,
+    dataset_config: str | None = TokenizerTrainArguments.dataset_config,
+    split: str = TokenizerTrainArguments.split,
+    text_column: str | None = TokenizerTrainArguments.text_column,
+    source_weights: Sequence[float] | None = TokenizerTrainArguments.source_weights,
 ) -> PreTrainedTokenizerFast:
     """Train the shared tokenizer on a corpus and optionally save it.
 
@@ -474,9 +538,9 @@ def check_vocab_matches(
 def tokenizer_stats(
     tokenizer: PreTrainedTokenizerFast,
     files: Sequence[str | os.PathLike],
-    encoding: str = "utf-8",
+    encoding: str = TokenizerStatsArguments.encoding,
     batch_lines: int = 10_000,
-    encoding_errors: str = "strict",
+    encoding_errors: str = TokenizerStatsArguments.encoding_errors,
 ) -> dict[str, float]:
     """Tokens per word, unknown-token rate, per-line length percentiles and encoding throughput."""
     backend = tokenizer.backend_tokenizer
@@ -533,61 +597,3 @@ def format_stats(stats: dict[str, float]) -> str:
         else f"{key:<{width}}  {value:,}"
         for key, value in stats.items()
     )
-
-
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        "egbert tokenizer",
-        config=False,
-        description="Train the tokenizer shared by bert, gpt and elmo, or measure one on a corpus.",
-    )
-    commands = parser.add_subparsers(dest="action", required=True, metavar="{train,stats}")
-    train = commands.add_parser(
-        "train",
-        help="train a WordPiece or byte-level BPE tokenizer on a corpus",
-        description="Train a tokenizer on the corpora pretraining reads (streamed: nothing is "
-        "cached) and save it as a PreTrainedTokenizerFast that AutoTokenizer.from_pretrained(OUT) "
-        "loads offline.",
-    )
-    train.add_argument(
-        "--files",
-        nargs="+",
-        default=[],
-        help="corpus files, read as pretrain's --train-files: text (.txt, .tokens, ...; also .gz "
-        ".bz2 .xz .zst; each non-blank line a text), .jsonl/.json/.csv/.parquet (each row a "
-        "text), or a data set folder (save_to_disk, or files load_dataset reads)",
-    )
-    train.add_argument("--dataset", help="a Hub data set (or its local copy), as pretrain's")
-    train.add_argument("--dataset-config", help="--dataset's configuration")
-    train.add_argument("--split", help="--dataset's split")
-    train.add_argument(
-        "--text-column",
-        help="the column of the text in tables and data sets (default: the only string column, "
-        "else one named text, content or document)",
-    )
-    train.add_argument(
-        "--source-weights",
-        nargs="+",
-        type=float,
-        help="mix the sources (each of --files, then --dataset) with these weights, as pretrain",
-    )
-    train.add_argument("--kind", choices=KINDS, help="the tokenizer's model")
-    train.add_argument("--vocab-size", type=int, help="tokens in the vocabulary")
-    train.add_argument("--lowercase", action=BooleanFlag, help="lowercase (and strip accents)")
-    train.add_argument("--min-frequency", type=int, help="fewer occurrences: not a token")
-    train.add_argument("--encoding", help="the files' encoding")
-    train.add_argument("--encoding-errors", choices=DECODE_ERRORS, help=ENCODING_ERRORS_HELP)
-    train.add_argument("--out", required=True, help="output directory")
-    train.defaults_from(train_tokenizer)
-    stats = commands.add_parser(
-        "stats",
-        help="tokens per word, unknown rate and length percentiles on text files",
-        description="Encode text files with a tokenizer and print its statistics.",
-    )
-    stats.add_argument("--tokenizer", required=True, help="tokenizer or model directory")
-    stats.add_argument("--files", nargs="+", required=True, help="text files, one text per line")
-    stats.add_argument("--encoding", help="the files' encoding")
-    stats.add_argument("--encoding-errors", choices=DECODE_ERRORS, help=ENCODING_ERRORS_HELP)
-    stats.add_argument("--json", action=BooleanFlag, help="print the statistics as JSON")
-    stats.defaults_from(tokenizer_stats)
-    return parser

@@ -21,8 +21,10 @@ from test_pretrain_run import logged
 from transformers import AutoModel, AutoTokenizer
 
 from egbert import cli
-from egbert.commands.embed import build_parser, main
+from egbert.arguments import parse_args
+from egbert.commands.embed import main
 from egbert.embedding import COMBINES, POOLS, embed, load_model
+from egbert.embedding.options import EMBED_ARGUMENTS
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
@@ -359,7 +361,8 @@ def test_the_library_and_the_command_share_their_defaults(family_dirs: dict, tmp
     assert expected.shape == (2, 4 * WIDTH)
     np.testing.assert_allclose(np.load(tmp_path / "o.npy"), expected, atol=1e-5)
     np.testing.assert_allclose(embed(model_dir, TEXTS[:2]), expected, atol=1e-5)
-    parser_defaults = build_parser().parse_args(["--model", "m", "--input", "i", "--output", "o"])
+    argv = ["--model", "m", "--input", "i", "--output", "o"]
+    _, parser_defaults, _ = parse_args(EMBED_ARGUMENTS, argv, "egbert embed", "")
     assert (parser_defaults.pool, parser_defaults.batch_size) == ("mean", 64)
     assert parser_defaults.layers is None  # the model's last four layers, or all of fewer
 
@@ -588,3 +591,22 @@ def test_cli_runs_the_model_under_the_autocast_given(family_dirs: dict, tmp_path
         assert vectors.dtype == np.float32 and np.array_equal(vectors, expected)
     with pytest.raises(ConfigError, match="choose one"):
         embed(model, texts, tokenizer=tokenizer, bf16=True, fp16=True)
+
+
+@pytest.mark.parametrize(
+    ("second_line", "message"),
+    [
+        ('{"text": "cut off', "broken.jsonl:2: not valid JSON"),
+        ('["a list"]', "broken.jsonl:2: expected a JSON object per line"),
+        ('{"text": "\\ud800"}', "broken.jsonl:2: a \\\\u escape stands for half a character"),
+    ],
+)
+def test_a_jsonl_input_line_that_is_no_object_is_named_by_file_and_line(
+    family_dirs: dict, tmp_path: Path, second_line: str, message: str
+):
+    """The JSONL reader fine-tuning's custom tasks use (egbert.jsonl), with its messages."""
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "fine"}\n' + second_line + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=message):
+        main(["--model", str(family_dirs["bert"]), "--input", str(broken), "--output",
+              str(tmp_path / "out.npy")])  # fmt: skip

@@ -37,8 +37,9 @@ from transformers import (
 import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with the Auto classes)
 from egbert import run_finetuning
 from egbert.arguments import arguments_from_options
-from egbert.config import FinetuneArguments, TrainingArguments
+from egbert.config import TrainingArguments
 from egbert.errors import CheckpointError
+from egbert.finetune.options import FinetuneArguments
 from egbert.finetune.run import (
     TaskTrainer,
     finetuning_recipe,

@@ -17,9 +17,10 @@ from option_coverage import proves
 import egbert
 from egbert.arguments import arguments_from_options
 from egbert.cli import COMMANDS, main
-from egbert.config import FinetuneArguments, TrainingArguments, load_recipe
+from egbert.config import TrainingArguments, load_recipe
 from egbert.errors import ConfigError
 from egbert.families import MODEL_FAMILIES
+from egbert.finetune.options import FinetuneArguments
 from egbert.finetune.run import finetuning_recipe, parse_finetune_args
 from egbert.pretrain.prepare import prepare_arguments
 from egbert.pretrain.run import parse_pretrain_args, pretrain_arguments

@@ -16,14 +16,15 @@ from option_coverage import CONFIG_OPTIONS_HELP, RUN_OPTIONS_HELP, help_text, pr
 from sklearn.metrics import accuracy_score
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from egbert.arguments import parse_args
 from egbert.cli import main as cli_main
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.evaluation import run_prompt_eval
 from egbert.evaluation.prompting import (
     PROMPTS,
     EncodedPrompts,
+    PromptEvalArguments,
     PromptFormat,
-    build_parser,
     calibrated_scores,
     check_prompt_options,
     draw_demonstrations,
@@ -553,8 +554,11 @@ def test_allow_pickle_reaches_the_loader(gpt_dir, glue_dir, tmp_path):
 def test_the_python_api_runs_with_the_commands_defaults(gpt_dir, glue_dir):
     import inspect
 
-    parsed = build_parser().parse_args(
-        ["--model", str(gpt_dir), "--task", "rte", "--data-dir", str(glue_dir)]
+    (parsed,) = parse_args(
+        (PromptEvalArguments,),
+        ["--model", str(gpt_dir), "--task", "rte", "--data-dir", str(glue_dir)],
+        "egbert prompt-eval",
+        "",
     )
     defaults = inspect.signature(run_prompt_eval).parameters
     for name in ("calibrate", "batch_size", "seed", "fp16", "allow_pickle", "max_eval_samples"):

@@ -18,9 +18,10 @@ first token, 'last': the last real token, natural for left-to-right models), or 
 gamma = 1, so every layer gets the same weight (numerically the same as 'mean'). A task-specific
 mix is trained by the fine-tuning heads, not here.
 
-The package: `options` (EmbedOptions: defaults and checks), `loading` (the model and the checks
-that need it), `vectors` (texts to vectors), `writers` (.npy, .safetensors, .jsonl, stdout),
-`extract` (`embed`); its command line is `egbert.commands.embed`.
+The package: `options` (EmbedOptions: defaults and checks; `egbert embed`'s other options),
+`loading` (the model and the checks that need it), `vectors` (texts to vectors), `writers`
+(.npy, .safetensors, .jsonl, stdout), `extract` (`embed`); its command line is
+`egbert.commands.embed`.
 """
 
 from egbert.embedding.extract import TruncatedInputsWarning, embed

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from egbert.embedding.loading import check_lengths, resolve_layers, resolve_model
-from egbert.embedding.options import EmbedOptions, last_layers
+from egbert.embedding.options import EmbedLoading, EmbedOptions, last_layers
 from egbert.embedding.vectors import TextOrPair, TokenEmbeddings, check_items, embed_items
 from egbert.embedding.writers import COUNTED_SUFFIXES, STDOUT, check_output, open_writer
 from egbert.errors import ConfigError, DataError
@@ -43,10 +43,10 @@ def embed(
     stride: int | None = DEFAULTS.stride,
     output: str | os.PathLike | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    device: str | torch.device | None = None,
-    allow_pickle: bool = False,
-    bf16: bool = False,
-    fp16: bool = False,
+    device: str | torch.device | None = EmbedLoading.device,
+    allow_pickle: bool = EmbedLoading.allow_pickle,
+    bf16: bool = EmbedLoading.bf16,
+    fp16: bool = EmbedLoading.fp16,
 ) -> np.ndarray | list[TokenEmbeddings] | Path:
     """Embed texts (or (a, b) pairs) with chosen layers of a model.
 

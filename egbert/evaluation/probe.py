@@ -44,7 +44,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,6 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from egbert.arguments import ArgumentParser
 from egbert.embedding import TruncatedInputsWarning, embed, load_model
 from egbert.errors import ConfigError, DataError
 from egbert.evaluation import results
@@ -70,6 +69,7 @@ from egbert.finetune.tasks import (
     read_glue_split,
     resolve_tasks,
 )
+from egbert.model_files import ALLOW_PICKLE_HELP
 from egbert.models.heads import CLASSIFIER_POOLS, LAST4_FEATURES, LAST_LAYERS
 from egbert.outputs import check_output_folder
 
@@ -273,21 +273,61 @@ def probe_task(
     }
 
 
+@dataclass
+class ProbeArguments:
+    """The options of `egbert probe`, the arguments of `run_probe`."""
+
+    _argument_group_name = None  # among the parser's own options
+
+    model_dir: Path = results.model_dir_field()
+    tasks: list[str] = results.tasks_field(
+        f"GLUE task(s) ({', '.join(PROBED_TASKS)}), or all: those with train and dev files in "
+        "--data-dir"
+    )
+    data_dir: Path = results.data_dir_field()
+    features: str = field(
+        default="last",
+        metadata={
+            "help": "last layer; last four concatenated or summed; all layers averaged",
+            "choices": FEATURES,
+        },
+    )
+    pool: str = field(
+        default="mean",
+        metadata={
+            "help": "mean over real tokens, or cls: the family's summary position (BERT's [CLS], "
+            "GPT's last token, ELMo's two sentence ends)",
+            "choices": CLASSIFIER_POOLS,
+        },
+    )
+    max_train_samples: int | None = field(
+        default=4000,
+        metadata={"help": "fit on a seeded random draw of this many training examples"},
+    )
+    batch_size: int = field(default=64, metadata={"help": "examples per forward"})
+    seed: int = field(default=0, metadata={"help": "random seed"})
+    output_dir: Path | None = results.output_dir_field(RESULTS_FILE)
+    device: str | None = field(default=None, metadata={"help": results.DEVICE_HELP})
+    bf16: bool | None = field(default=None, metadata={"help": results.BF16_HELP})
+    fp16: bool = field(default=False, metadata={"help": results.FP16_HELP})
+    allow_pickle: bool = field(default=False, metadata={"help": ALLOW_PICKLE_HELP})
+
+
 def run_probe(
     model_dir: str | os.PathLike,
     tasks: Sequence[str] | str,
     data_dir: str | os.PathLike,
     *,
-    features: str = "last",
-    pool: str = "mean",
-    max_train_samples: int | None = 4000,
-    batch_size: int = 64,
-    seed: int = 0,
-    output_dir: str | os.PathLike | None = None,
-    device: str | None = None,
-    bf16: bool | None = None,
-    fp16: bool = False,
-    allow_pickle: bool = False,
+    features: str = ProbeArguments.features,
+    pool: str = ProbeArguments.pool,
+    max_train_samples: int | None = ProbeArguments.max_train_samples,
+    batch_size: int = ProbeArguments.batch_size,
+    seed: int = ProbeArguments.seed,
+    output_dir: str | os.PathLike | None = ProbeArguments.output_dir,
+    device: str | None = ProbeArguments.device,
+    bf16: bool | None = ProbeArguments.bf16,
+    fp16: bool = ProbeArguments.fp16,
+    allow_pickle: bool = ProbeArguments.allow_pickle,
 ) -> dict[str, Any]:
     """Probe a frozen model on GLUE tasks; returns (and with output_dir writes) the results.
 
@@ -383,46 +423,3 @@ def probe_table(results: dict[str, Any]) -> str:
     ]
     average = glue_average({row.task: row.score for row in rows})
     return results_table(ProbeRow, rows, average, "average")
-
-
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        "egbert probe",
-        description=(
-            "Probe a frozen model: pool one vector per example from chosen layers, fit a "
-            "logistic regression (ridge for STS-B) on the training split's vectors, and score "
-            "it on dev with GLUE's metric. Nothing of the model is trained."
-        ),
-        epilog=(
-            "The probe's regularization is chosen per task: logistic regression's C from "
-            f"{C_GRID[0]:g}..{C_GRID[-1]:g} by the task's GLUE score on a held-out fifth of the "
-            f"training vectors, ridge's alpha from {ALPHA_GRID[0]:g}..{ALPHA_GRID[-1]:g} by "
-            "leave-one-out error; features are standardized. The table gives each task's dev "
-            "metrics, its score, the majority-label score it has to beat and the chosen "
-            "regularization. Example: egbert probe --model runs/bert-mini --task sst2 stsb "
-            "--data-dir data/glue --features last4-concat --output-dir runs/bert-mini/probe"
-        ),
-    )
-    results.add_model_and_task_arguments(
-        parser,
-        f"GLUE task(s) ({', '.join(PROBED_TASKS)}), or all: those with train and dev files in "
-        "--data-dir",
-    )
-    parser.add_argument(
-        "--features",
-        choices=FEATURES,
-        help="last layer; last four concatenated or summed; all layers averaged",
-    )
-    parser.add_argument(
-        "--pool",
-        choices=CLASSIFIER_POOLS,
-        help="mean over real tokens, or cls: the family's summary position (BERT's [CLS], "
-        "GPT's last token, ELMo's two sentence ends)",
-    )
-    parser.add_argument(
-        "--max-train-samples",
-        type=int,
-        help="fit on a seeded random draw of this many training examples",
-    )
-    results.add_run_arguments(parser, RESULTS_FILE, "examples per forward", run_probe)
-    return parser

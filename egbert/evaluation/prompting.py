@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,6 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 import egbert.models.gpt  # noqa: F401  (registers egbert-gpt with the Auto classes)
-from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import CheckpointError, ConfigError, DataError
 from egbert.evaluation import results
 from egbert.families import CAUSAL_MODEL_TYPES
@@ -55,7 +54,7 @@ from egbert.finetune.metrics import format_metrics, task_score
 from egbert.finetune.significance import dev_predictions
 from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import Task, read_glue_split, resolve_tasks, split_file
-from egbert.model_files import load_pretrained, read_model_config
+from egbert.model_files import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
 from egbert.outputs import check_output_folder
 from egbert.tokenizer import check_vocab_matches, load_tokenizer
 
@@ -384,21 +383,52 @@ def _rows(dataset, columns: Sequence[str]) -> list[dict[str, str]]:
     return [dict(zip(columns, row, strict=True)) for row in values]
 
 
+@dataclass
+class PromptEvalArguments:
+    """The options of `egbert prompt-eval`, the arguments of `run_prompt_eval`."""
+
+    _argument_group_name = None  # among the parser's own options
+
+    model_dir: Path = results.model_dir_field()
+    tasks: list[str] = results.tasks_field(
+        f"task(s) with a prompt format ({', '.join(PROMPTS)}), or all"
+    )
+    data_dir: Path = results.data_dir_field()
+    shots: tuple[int, ...] = field(
+        default=(0,), metadata={"help": "numbers of demonstrations, each scored separately"}
+    )
+    calibrate: bool = field(
+        default=False,
+        metadata={"help": 'also report scores calibrated against a content-free "N/A" input'},
+    )
+    max_eval_samples: int | None = field(
+        default=None,
+        metadata={"help": "score a seeded random sample of this many dev examples (default: all)"},
+    )
+    batch_size: int = field(default=16, metadata={"help": "sequences per forward"})
+    seed: int = field(default=0, metadata={"help": "random seed"})
+    output_dir: Path | None = results.output_dir_field(RESULTS_FILE)
+    device: str | None = field(default=None, metadata={"help": results.DEVICE_HELP})
+    bf16: bool | None = field(default=None, metadata={"help": results.BF16_HELP})
+    fp16: bool = field(default=False, metadata={"help": results.FP16_HELP})
+    allow_pickle: bool = field(default=False, metadata={"help": ALLOW_PICKLE_HELP})
+
+
 def run_prompt_eval(
     model_dir: str | os.PathLike,
     tasks: Sequence[str] | str,
     data_dir: str | os.PathLike,
     *,
-    shots: Sequence[int] = (0,),
-    calibrate: bool = False,
-    max_eval_samples: int | None = None,
-    batch_size: int = 16,
-    seed: int = 0,
-    output_dir: str | os.PathLike | None = None,
-    device: str | None = None,
-    bf16: bool | None = None,
-    fp16: bool = False,
-    allow_pickle: bool = False,
+    shots: Sequence[int] = PromptEvalArguments.shots,
+    calibrate: bool = PromptEvalArguments.calibrate,
+    max_eval_samples: int | None = PromptEvalArguments.max_eval_samples,
+    batch_size: int = PromptEvalArguments.batch_size,
+    seed: int = PromptEvalArguments.seed,
+    output_dir: str | os.PathLike | None = PromptEvalArguments.output_dir,
+    device: str | None = PromptEvalArguments.device,
+    bf16: bool | None = PromptEvalArguments.bf16,
+    fp16: bool = PromptEvalArguments.fp16,
+    allow_pickle: bool = PromptEvalArguments.allow_pickle,
 ) -> dict[str, Any]:
     """k-shot prompting of a gpt model on GLUE tasks; returns (and with output_dir writes) the
     results.
@@ -499,45 +529,3 @@ def prompt_table(results: dict[str, Any]) -> str:
                 for label, result in scores
             ]
     return results_table(PromptRow, rows)
-
-
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        "egbert prompt-eval",
-        description=(
-            "k-shot prompting of a gpt model: each dev example follows k demonstrations from "
-            "the training split, and the label whose answer words the model finds likeliest is "
-            "the prediction. Scored with GLUE's metric; nothing is trained."
-        ),
-        epilog=(
-            "For each k, one draw of demonstrations (balanced over the labels, seeded) serves "
-            "every example; whole demonstrations are dropped from the front when the prompt "
-            "would not fit the model's positions (the table's 'demonstrations kept' column). "
-            "QNLI has no train split in the shared data: its demonstrations come from dev and "
-            "are not scored. --calibrate divides each example's label probabilities by those "
-            'the same demonstrations give a content-free "N/A" example (Zhao et al. 2021). '
-            "Example: egbert prompt-eval --model runs/gpt-mini --task sst2 rte --shots 0 4 16 "
-            "--calibrate --max-eval-samples 500 --data-dir data/glue"
-        ),
-    )
-    results.add_model_and_task_arguments(
-        parser, f"task(s) with a prompt format ({', '.join(PROMPTS)}), or all"
-    )
-    parser.add_argument(
-        "--shots",
-        type=int,
-        nargs="+",
-        help="numbers of demonstrations, each scored separately",
-    )
-    parser.add_argument(
-        "--calibrate",
-        action=BooleanFlag,
-        help='also report scores calibrated against a content-free "N/A" input',
-    )
-    parser.add_argument(
-        "--max-eval-samples",
-        type=int,
-        help="score a seeded random sample of this many dev examples (default: all)",
-    )
-    results.add_run_arguments(parser, RESULTS_FILE, "sequences per forward", run_prompt_eval)
-    return parser

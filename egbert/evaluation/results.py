@@ -10,17 +10,16 @@ import json
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from egbert.arguments import ArgumentParser, BooleanFlag
 from egbert.errors import ConfigError, DataError
 from egbert.finetune.metrics import compute_task_metrics, task_score
 from egbert.finetune.tasks import Task
-from egbert.model_files import ALLOW_PICKLE_HELP
 from egbert.training.runtime import inference_precision
 
 
@@ -62,45 +61,39 @@ def majority_score(task: Task, label: int, dev_labels: Sequence[int]) -> float:
     return task_score({"dev": scored(task, [label] * len(dev_labels), dev_labels)})
 
 
-def add_model_and_task_arguments(parser: ArgumentParser, task_help: str) -> None:
-    """--model, --task and --data-dir, named as the run functions' arguments."""
-    parser.add_argument(
-        "--model", dest="model_dir", metavar="DIR", required=True, type=Path,
-        help="the model directory, with its tokenizer",
-    )  # fmt: skip
-    parser.add_argument(
-        "--task", dest="tasks", metavar="TASK", required=True, nargs="+", action="extend",
-        help=task_help,
-    )  # fmt: skip
-    parser.add_argument(
-        "--data-dir", metavar="DIR", required=True, type=Path,
-        help="the GLUE folder (DIR/SST-2/train.tsv, ...)",
-    )  # fmt: skip
+# The probe's and prompt-eval's options that read the same (their dataclasses: ProbeArguments,
+# PromptEvalArguments); the fields are named as the run functions' arguments.
+DEVICE_HELP = "cpu, cuda, ... (default: cuda when available)"
+BF16_HELP = "bf16 autocast (default: where the device runs it faster than fp32)"
+FP16_HELP = "fp16 autocast, for GPUs without bf16 (T4, V100); instead of --bf16"
 
 
-def add_run_arguments(
-    parser: ArgumentParser, results_file: str, batch_help: str, run: Callable[..., Any]
-) -> None:
-    """--batch-size, --seed, --output-dir, --device, --bf16, --fp16 and --allow-pickle, and every
-    option's default from the run function's signature (`parser.defaults_from(run)`)."""
-    parser.add_argument("--batch-size", type=int, help=batch_help)
-    parser.add_argument("--seed", type=int, help="random seed")
-    parser.add_argument(
-        "--output-dir", type=Path, help=f"write {results_file} here (default: print only)"
+def model_dir_field() -> Any:
+    """--model DIR, the run functions' model_dir."""
+    return field(
+        metadata={
+            "option": "--model",
+            "metavar": "DIR",
+            "help": "the model directory, with its tokenizer",
+        }
     )
-    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
-    parser.add_argument(
-        "--bf16",
-        action=BooleanFlag,
-        help="bf16 autocast (default: where the device runs it faster than fp32)",
+
+
+def tasks_field(task_help: str) -> Any:
+    """--task TASK [TASK ...], given once or several times: the run functions' tasks."""
+    return field(
+        metadata={"option": "--task", "metavar": "TASK", "action": "extend", "help": task_help}
     )
-    parser.add_argument(
-        "--fp16",
-        action=BooleanFlag,
-        help="fp16 autocast, for GPUs without bf16 (T4, V100); instead of --bf16",
+
+
+def data_dir_field() -> Any:
+    return field(metadata={"metavar": "DIR", "help": "the GLUE folder (DIR/SST-2/train.tsv, ...)"})
+
+
+def output_dir_field(results_file: str) -> Any:
+    return field(
+        default=None, metadata={"help": f"write {results_file} here (default: print only)"}
     )
-    parser.add_argument("--allow-pickle", action=BooleanFlag, help=ALLOW_PICKLE_HELP)
-    parser.defaults_from(run)
 
 
 def print_results(command: str, table: str, output_dir: Path | None, results_file: str) -> None:

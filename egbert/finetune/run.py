@@ -50,9 +50,9 @@ from transformers import (
 )
 
 import egbert.models.heads  # noqa: F401  (registers egbert's classifiers with the Auto classes)
-from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
+from egbert.arguments import arguments_from_options, parse_args
 from egbert.config import (
-    FinetuneArguments,
+    SCRIPT_HINTS,
     TrainingArguments,
     apply_config_overrides,
     load_recipe,
@@ -60,6 +60,7 @@ from egbert.config import (
 )
 from egbert.errors import CheckpointError, ConfigError, DataError, first_line
 from egbert.finetune.metrics import compute_task_metrics, format_metrics, glue_average, task_score
+from egbert.finetune.options import FinetuneArguments
 from egbert.finetune.significance import dev_predictions
 from egbert.finetune.tables import column, one_decimal, percent, results_table
 from egbert.finetune.tasks import (

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,22 @@ RESULTS_FILES = ("eval_results.json", "probe_results.json", "prompt_eval_results
 
 # {split: (references, [predictions of each seed])}
 Predictions = Mapping[str, tuple[Sequence, Sequence[Sequence]]]
+
+
+@dataclass
+class CompareArguments:
+    """The options of `egbert compare`, the arguments of `compare_runs`."""
+
+    _argument_group_name = None  # among the parser's own options
+
+    run_a: str = field(
+        metadata={"positional": True, "metavar": "RUN_A", "help": "output folder of the first run"}
+    )
+    run_b: str = field(
+        metadata={"positional": True, "metavar": "RUN_B", "help": "output folder of the second run"}
+    )
+    samples: int = field(default=SAMPLES, metadata={"help": "bootstrap draws"})
+    seed: int = field(default=0, metadata={"help": "seed of the draws"})
 
 
 @dataclass(frozen=True)
@@ -186,8 +202,8 @@ def compare(
     a: Mapping[str, Predictions],
     b: Mapping[str, Predictions],
     averaged: Sequence[str] = (),
-    samples: int = SAMPLES,
-    seed: int = 0,
+    samples: int = CompareArguments.samples,
+    seed: int = CompareArguments.seed,
 ) -> dict[str, Difference]:
     """{task: A - B} for every task both hold, and {"average": ...} over the `averaged` tasks
     among them: the mean of the task differences, its interval from the same draws."""
@@ -282,7 +298,10 @@ def read_run(path: str | os.PathLike) -> dict[str, Predictions]:
 
 
 def compare_runs(
-    a: str | os.PathLike, b: str | os.PathLike, samples: int = SAMPLES, seed: int = 0
+    a: str | os.PathLike,
+    b: str | os.PathLike,
+    samples: int = CompareArguments.samples,
+    seed: int = CompareArguments.seed,
 ) -> dict[str, Difference]:
     """A - B on every task (and prompt setting) both run folders scored, with intervals."""
     first, second = read_run(a), read_run(b)

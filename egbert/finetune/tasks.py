@@ -15,7 +15,6 @@ Custom tasks (`custom_task` + `read_task_file`) read CSV, TSV or JSONL files wit
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import datasets
 
 from egbert.errors import ConfigError, DataError
+from egbert.jsonl import jsonl_objects
 
 HUB_DATASET = "nyu-mll/glue"
 STANDARD_FILES = {"train": ("train.tsv",), "validation": ("dev.tsv",), "test": ("test.tsv",)}
@@ -422,7 +422,10 @@ def _read_rows(
     if not path.is_file():
         raise DataError(f"file not found: {path}")
     found_any = False
-    rows = _jsonl_rows(path) if path.suffix == ".jsonl" else _table_rows(path, headerless_columns)
+    if path.suffix == ".jsonl":
+        rows = jsonl_objects(path, _text_lines(path))
+    else:
+        rows = _table_rows(path, headerless_columns)
     for line, row in rows:
         found_any = True
         yield line, row
@@ -446,33 +449,6 @@ def _text_lines(path: Path) -> Iterator[str]:
                 ) from None
             offset += len(raw)
             yield text.removeprefix("\ufeff") if number == 1 else text
-
-
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    for line, text in enumerate(_text_lines(path), start=1):
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path}:{line}: not valid JSON ({error.msg})") from None
-        except (ValueError, RecursionError) as error:  # 5000-digit numbers, [[[[...]]]]
-            message = str(error).splitlines()[0] if str(error) else "nested too deeply"
-            raise DataError(f"{path}:{line}: not valid JSON ({message})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}:{line}: expected a JSON object per line")
-        if "\\u" in text and _has_lone_surrogate(row):
-            raise DataError(f"{path}:{line}: a \\u escape stands for half a character")
-        yield line, row
-
-
-def _has_lone_surrogate(row: dict) -> bool:
-    """Whether a \\uD800-style escape left half a UTF-16 pair (no text file can hold it)."""
-    try:
-        json.dumps(row, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _table_rows(

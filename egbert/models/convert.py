@@ -22,6 +22,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,7 +42,7 @@ from transformers import (
 from transformers import initialization as init
 
 from egbert.errors import CheckpointError, first_line
-from egbert.model_files import load_pretrained, read_model_config
+from egbert.model_files import ALLOW_PICKLE_HELP, load_pretrained, read_model_config
 from egbert.models.bert import (
     EgbertBertConfig,
     EgbertBertForMaskedLM,
@@ -537,11 +538,28 @@ DEFAULT_ARCHITECTURE = {
 }
 
 
+@dataclass
+class ConvertArguments:
+    """The options of `egbert convert`, the arguments of `convert_checkpoint`."""
+
+    _argument_group_name = None  # among the parser's own options
+
+    source: str = field(metadata={"option": "--from", "help": "model directory to read"})
+    target: str = field(metadata={"option": "--to", "help": "directory to write"})
+    to_transformers: bool = field(
+        default=False,
+        metadata={
+            "help": "convert egbert -> stock transformers classes (default: stock -> egbert)"
+        },
+    )
+    allow_pickle: bool = field(default=False, metadata={"help": ALLOW_PICKLE_HELP})
+
+
 def convert_checkpoint(
     source: str | Path,
     target: str | Path,
-    to_transformers: bool = False,
-    allow_pickle: bool = False,
+    to_transformers: bool = ConvertArguments.to_transformers,
+    allow_pickle: bool = ConvertArguments.allow_pickle,
 ) -> PreTrainedModel:
     """Convert the model saved in `source` and save it, with its tokenizer made for the model's
     family (egbert.tokenizer.tokenizer_for_model), to `target`.

@@ -13,12 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from egbert.config import (
-    MODEL_FAMILIES,
-    PrepareArguments,
-    TrainingArguments,
-    merge_config_overrides,
-)
+from egbert.config import MODEL_FAMILIES, TrainingArguments, merge_config_overrides
 from egbert.errors import ConfigError
 from egbert.sources import DOC_BOUNDARIES, ENCODING_ERRORS_HELP
 
@@ -274,6 +269,25 @@ class ObjectiveArguments:
             raise ConfigError(f"--dupe-factor must be >= 1, got {self.dupe_factor}")
         if not 0 <= self.short_seq_prob <= 1:
             raise ConfigError(f"--short-seq-prob must be in [0, 1], got {self.short_seq_prob}")
+
+
+@dataclass
+class PrepareArguments:
+    """Where `egbert prepare` writes its folder (what it prepares: egbert.pretrain.options)."""
+
+    _argument_group_name = "prepared folder"
+
+    output_dir: str = field(
+        metadata={"help": "the folder to write (if it exists: prepared with the same options)"}
+    )
+    seed: int = field(
+        default=TrainingArguments.seed,
+        metadata={"help": "bert: the seed of the sentence pairs and static masks"},
+    )
+    verify: bool = field(
+        default=False,
+        metadata={"help": "check the folder in --output-dir (every file's sha256) and exit"},
+    )
 
 
 # The parts both commands read, in their order; each adds its own last.

@@ -32,7 +32,7 @@ import datasets
 
 from egbert import __version__
 from egbert.arguments import arguments_from_options, parse_args
-from egbert.config import MODEL_FAMILIES, PrepareArguments, pretraining_recipe
+from egbert.config import MODEL_FAMILIES, pretraining_recipe
 from egbert.errors import ConfigError, Interrupted
 from egbert.outputs import check_output_folder
 from egbert.pretrain.corpus import (
@@ -46,6 +46,7 @@ from egbert.pretrain.options import (
     DataArguments,
     ModelArguments,
     ObjectiveArguments,
+    PrepareArguments,
     PrepareOptions,
     check_pretraining_options,
     example_options,

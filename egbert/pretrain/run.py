@@ -33,9 +33,10 @@ from datasets import Dataset, IterableDataset
 from torch.utils.data import Subset
 from transformers import PreTrainedModel
 
-from egbert.arguments import SCRIPT_HINTS, arguments_from_options, parse_args
+from egbert.arguments import arguments_from_options, parse_args
 from egbert.config import (
     MODEL_FAMILIES,
+    SCRIPT_HINTS,
     RecipeValues,
     TrainingArguments,
     apply_config_overrides,
