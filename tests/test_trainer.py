@@ -36,7 +36,7 @@ from egbert.errors import CheckpointError, ConfigError, TrainingError
 from egbert.finetune.run import parse_finetune_args
 from egbert.pretrain.collators import MLMCollator
 from egbert.tokenizer import load_tokenizer
-from egbert.training.batches import epochs_done, real_tokens, sequence_length
+from egbert.training.batches import epochs_done, padded_length, real_tokens
 from egbert.training.checkpoints import TrainerState
 from egbert.training.model_saving import BestModel, run_model_card, save_model_folder
 from egbert.training.optimization import (
@@ -806,15 +806,15 @@ def test_cpu_training_keeps_freed_memory_in_the_process(
 # ---------------------------------------------------------------- batches' bookkeeping
 
 
-def test_epochs_done_to_four_places_and_a_batchs_sequence_length():
+def test_epochs_done_to_four_places_and_a_batchs_padded_length():
     loader = [None] * 3  # what epochs_done asks of a loader: its length
     assert epochs_done(1, 1, loader) == 1.3333  # 1 + 1/3, rounded to 4 places
     assert epochs_done(0, 2, loader) == 0.6667
     whole = epochs_done(0, 3, loader)  # the last step ends its epoch: 1, as an int (logs "1")
     assert whole == 1 and type(whole) is int
     assert epochs_done(2, 5, iter(())) == 2  # a stream has no length: the epoch alone
-    assert sequence_length({"input_ids": torch.zeros(4, 37, dtype=torch.long)}) == 37
-    assert sequence_length({"labels": torch.zeros(4, 37)}) == 0
+    assert padded_length({"input_ids": torch.zeros(4, 37, dtype=torch.long)}) == 37
+    assert padded_length({"labels": torch.zeros(4, 37)}) == 0
 
 
 def test_real_tokens_are_the_attention_masks_sum_else_every_input_id():

@@ -244,7 +244,7 @@ def real_tokens(batch: dict[str, Any]) -> torch.Tensor | int:
     return 0
 
 
-def sequence_length(batch: dict[str, Any]) -> int:
+def padded_length(batch: dict[str, Any]) -> int:
     """The batch's padded length (a shape, known on the host), which the attention FLOPs scale
     with; 0 for a batch without input_ids."""
     ids = batch.get("input_ids")

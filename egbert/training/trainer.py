@@ -62,9 +62,9 @@ from egbert.training.batches import (
     epoch_batches,
     epochs_done,
     fitted_message,
+    padded_length,
     prepare_training,
     real_tokens,
-    sequence_length,
 )
 from egbert.training.checkpoints import (
     Checkpointer,
@@ -153,7 +153,7 @@ def accumulate_gradients(
         count = real_tokens(batch)
         tokens = tokens + count
         if flops_per_token is not None:
-            flops = flops + count * flops_per_token(sequence_length(batch))
+            flops = flops + count * flops_per_token(padded_length(batch))
     means = {
         name: torch.stack([losses[name] for losses in batch_losses]).mean()
         for name in batch_losses[0]
