@@ -31,6 +31,7 @@ from egbert.config import TrainingArguments
 from egbert.errors import CheckpointError, ConfigError
 from egbert.model_files import load_pretrained
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
+from egbert.training.batches import TrainingData
 from egbert.training.checkpoints import (
     STATE_FILE,
     Checkpointer,
@@ -47,6 +48,7 @@ from egbert.training.checkpoints import (
     write_error_reason,
     write_failure,
 )
+from egbert.training.model_saving import SavedWithModel
 from egbert.training.trainer import Trainer
 
 VOCAB = 50
@@ -146,14 +148,9 @@ def flat_trainer(out, **options) -> Trainer:
     flatten_like_cudnn(model)
     defaults = {"lr": 1e-2, "batch_size": 4, "max_steps": 6, "save_every": 3, "log_every": 1}
     args = TrainingArguments(output_dir=str(out), **{**defaults, **options})
-    return Trainer(
-        model,
-        args,
-        blocks(16, seed=1),
-        BlockCollator(),
-        eval_dataset=blocks(8, seed=2),
-        run_config={"model": "tiny elmo"},
-    )
+    data = TrainingData(blocks(16, seed=1), BlockCollator(), eval=blocks(8, seed=2))
+    saved_with_model = SavedWithModel(run_config={"model": "tiny elmo"})
+    return Trainer(model, data, args, saved_with_model=saved_with_model)
 
 
 def test_checkpoint_resume_best_and_final_model_keep_every_lstm_weight(tmp_path):

@@ -27,6 +27,8 @@ from egbert.errors import ConfigError
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.training.batches import TrainingData
+from egbert.training.model_saving import SavedWithModel
 from egbert.training.runtime import check_bf16_supported
 from egbert.training.trainer import Trainer, enable_gradient_checkpointing
 
@@ -86,7 +88,13 @@ def train(out: Path, model: Harness | nn.Module, **options) -> Trainer:
     defaults["report_to"] = ["none"]
     args = TrainingArguments(output_dir=str(out), **{**defaults, **options})
     run_config = {"model": {"hidden_size": 16}, "seq_len": 8}
-    trainer = Trainer(model, args, tiny_dataset(), NoisyCollator(), run_config=run_config)
+    saved_with_model = SavedWithModel(run_config=run_config)
+    trainer = Trainer(
+        model,
+        TrainingData(tiny_dataset(), NoisyCollator()),
+        args,
+        saved_with_model=saved_with_model,
+    )
     try:
         trainer.train()
     finally:

@@ -36,9 +36,14 @@ from egbert.errors import CheckpointError, ConfigError, TrainingError
 from egbert.finetune.run import parse_finetune_args
 from egbert.pretrain.collators import MLMCollator
 from egbert.tokenizer import load_tokenizer
-from egbert.training.batches import epochs_done, padded_length, real_tokens
+from egbert.training.batches import TrainingData, epochs_done, padded_length, real_tokens
 from egbert.training.checkpoints import TrainerState
-from egbert.training.model_saving import BestModel, run_model_card, save_model_folder
+from egbert.training.model_saving import (
+    BestModel,
+    SavedWithModel,
+    run_model_card,
+    save_model_folder,
+)
 from egbert.training.optimization import (
     accumulation_text,
     batches_per_step,
@@ -155,15 +160,14 @@ def make_trainer(
     defaults = {"lr": 3e-2, "batch_size": 4, "max_steps": 6, "log_every": 1, "seed": 1}
     args = TrainingArguments(output_dir=str(out), **{**defaults, **options})
     eval_data = tiny_dataset(eval_size) if eval_size else None
-    return Trainer(
-        model,
-        args,
+    data = TrainingData(
         tiny_dataset(size, poison_index=poison),
         NoisyCollator(noise, sleep=sleep),
-        eval_dataset=eval_data,
+        eval=eval_data,
         eval_collator=NoisyCollator(0.0) if eval_size else None,
-        run_config=run_config or {"model": {"hidden_size": 16}, "seq_len": 8},
     )
+    run_config = run_config or {"model": {"hidden_size": 16}, "seq_len": 8}
+    return Trainer(model, data, args, saved_with_model=SavedWithModel(run_config=run_config))
 
 
 def epoch_order(size: int, seed: int, epoch: int) -> list[int]:
@@ -374,7 +378,8 @@ def test_masks_are_drawn_anew_each_epoch_through_the_trainer(tmp_path, tiny_toke
         output_dir=str(tmp_path), batch_size=4, epochs=2, seed=1, report_to="none", num_workers=0
     )  # collated in this process (a GPU's default loader workers would record in theirs)
     torch.manual_seed(0)
-    Trainer(TinyLM(TinyConfig(vocab_size=len(tokenizer))), args, examples, collator).train()
+    model = TinyLM(TinyConfig(vocab_size=len(tokenizer)))
+    Trainer(model, TrainingData(examples, collator), args).train()
     assert len(collator.masked) == 8
     for first, second in collator.masked.values():
         assert any(first) and any(second) and first != second
@@ -472,7 +477,9 @@ class PlainLM(TinyLM):
 def test_label_smoothing_is_refused_for_a_model_that_cannot_take_it(tmp_path):
     def trainer(**options) -> Trainer:
         args = TrainingArguments(output_dir=str(tmp_path), batch_size=4, max_steps=1, **options)
-        return Trainer(PlainLM(TinyConfig()), args, tiny_dataset(8), NoisyCollator(0.0))
+        return Trainer(
+            PlainLM(TinyConfig()), TrainingData(tiny_dataset(8), NoisyCollator(0.0)), args
+        )
 
     with pytest.raises(ConfigError, match="PlainLM's forward takes no label_smoothing"):
         trainer(label_smoothing=0.1)

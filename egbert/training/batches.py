@@ -34,6 +34,23 @@ from egbert.config import TrainingArguments
 from egbert.errors import ConfigError, DataError, TrainingError
 
 
+@dataclasses.dataclass
+class TrainingData:
+    """What a Trainer trains and evaluates on.
+
+    train: a map-style dataset (shuffled each epoch) or an IterableDataset (streamed).
+    collator: list of examples -> dict of tensors, the keyword arguments of model(...); its
+        `set_epoch(epoch)`, where it has one, is called each epoch.
+    eval: one evaluation set, or {name: set} (each one's metrics prefixed `name_`); None: none.
+    eval_collator: the evaluation sets' collator (None: `collator`).
+    """
+
+    train: Dataset | IterableDataset
+    collator: Callable[[list[Any]], dict[str, Any]]
+    eval: Dataset | dict[str, Dataset] | None = None
+    eval_collator: Callable[[list[Any]], dict[str, Any]] | None = None
+
+
 def loader_workers(args: TrainingArguments, device: torch.device) -> int:
     """--num-workers, else 2 on a GPU (collating beside the step pays there) and 0 on the CPU
     (where workers take cores from the step itself; docs/performance.md)."""
@@ -266,25 +283,34 @@ def epochs_done(epoch: int, batches_in_epoch: int, loader: DataLoader) -> float:
     return int(done) if done.is_integer() else done
 
 
-def prepare_training(
+def training_batches(
     accelerator: Accelerator,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
     dataset: Dataset | datasets.IterableDataset,
     args: TrainingArguments,
     collator: Callable,
     message: Callable[[str], None],
-) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataLoader, StreamPosition | None]:
-    """Accelerate's prepare of the model, the optimizer and the training batches, and a
-    stream's position (None for map-style data): a stream is split between the processes by
-    stream_loader, not by prepare."""
+) -> tuple[DataLoader, StreamPosition | None]:
+    """The training batches and a stream's position (None for map-style data): a stream is
+    split between the processes by stream_loader (its loader is not prepared again), map-style
+    data by Accelerate's prepare (prepare_training)."""
     if isinstance(dataset, datasets.IterableDataset):
+        return stream_loader(dataset, args, collator, accelerator, message)
+    return train_loader(dataset, args, collator, accelerator.device), None
+
+
+def prepare_training(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: DataLoader,
+    stream: StreamPosition | None,
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataLoader]:
+    """Accelerate's prepare of the model, the optimizer and the training batches (a stream's,
+    split by stream_loader already, as they are)."""
+    if stream is not None:
         model, optimizer = accelerator.prepare(model, optimizer)
-        loader, stream = stream_loader(dataset, args, collator, accelerator, message)
-        return model, optimizer, loader, stream
-    loader = train_loader(dataset, args, collator, accelerator.device)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    return model, optimizer, loader, None
+        return model, optimizer, loader
+    return accelerator.prepare(model, optimizer, loader)
 
 
 def epoch_batches(

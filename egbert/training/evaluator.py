@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +27,17 @@ from egbert.training.batches import batch_size, eval_loader
 BatchMetrics = Callable[[dict[str, Any], Any], dict[str, tuple[float, float]]]
 
 
+@dataclass
+class EvalMetrics:
+    """What evaluation reports beside each set's mean loss (each may be None): `batch_metrics`
+    summed over batches, `compute_metrics` over the gathered logits and labels, then
+    `finalize_metrics` of them all (see the module doc)."""
+
+    batch_metrics: BatchMetrics | None = None
+    compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None
+    finalize_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None
+
+
 class Evaluator:
     """Evaluates a prepared model on its evaluation sets (one set, or {name: set} with each
     one's metrics prefixed `name_`) and predicts on any set, on every process.
@@ -38,15 +50,13 @@ class Evaluator:
         args: TrainingArguments,
         collator: Callable[[list[Any]], dict[str, Any]],
         eval_sets: Dataset | dict[str, Dataset] | None,
-        batch_metrics: BatchMetrics | None = None,
-        compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None,
-        finalize_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None,
+        metrics: EvalMetrics,
         forward_arguments: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.accelerator = model, accelerator
         self.args, self.collator = args, collator
-        self.batch_metrics, self.compute_metrics = batch_metrics, compute_metrics
-        self.finalize_metrics = finalize_metrics
+        self.batch_metrics, self.compute_metrics = metrics.batch_metrics, metrics.compute_metrics
+        self.finalize_metrics = metrics.finalize_metrics
         self.forward_arguments = forward_arguments or {}
         if eval_sets is not None and not isinstance(eval_sets, dict):
             eval_sets = {"": eval_sets}

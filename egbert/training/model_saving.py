@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,22 @@ from egbert.training.checkpoints import TrainerState, own_storage, publish_dir, 
 
 # Metric names that are better lower, when --greater-is-better is left unset.
 LOWER_IS_BETTER = ("loss", "perplexity", "error")
+
+
+@dataclass
+class SavedWithModel:
+    """What a Trainer writes beside the model it trains.
+
+    run_config: what defines the run: {"options": the job's options (its dataclass fields),
+        ...: what else identifies the model, tokenizer and data}; the trainer adds its own
+        options; saved with each checkpoint, compared on resume, and in the model card.
+    tokenizer: saved with the final model, the best one and every checkpoint (None: none).
+    card: what the model card's Hub metadata says (None: the defaults).
+    """
+
+    run_config: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Any = None
+    card: report.ModelCardInfo | None = None
 
 
 def save_model_folder(

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import set_seed
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from tqdm.auto import tqdm
 from transformers import EvalPrediction
 
@@ -59,12 +59,14 @@ from egbert.errors import ConfigError, DataError, TrainingError
 from egbert.training import optimization
 from egbert.training.batches import (
     BatchFitter,
+    TrainingData,
     epoch_batches,
     epochs_done,
     fitted_message,
     padded_length,
     prepare_training,
     real_tokens,
+    training_batches,
 )
 from egbert.training.checkpoints import (
     Checkpointer,
@@ -73,9 +75,10 @@ from egbert.training.checkpoints import (
     whole_run_config,
     write_failure,
 )
-from egbert.training.evaluator import BatchMetrics, Evaluator
+from egbert.training.evaluator import EvalMetrics, Evaluator
 from egbert.training.model_saving import (
     BestModel,
+    SavedWithModel,
     run_model_card,
     save_final_model,
     save_model_folder,
@@ -246,17 +249,15 @@ def label_smoothing_arguments(
 class Trainer:
     """Trains any model whose forward returns an object with `.loss`.
 
-    train_dataset: map-style dataset (shuffled each epoch) or an IterableDataset (streaming).
-    data_collator: list of examples -> dict of tensors, the keyword arguments of model(...).
-    eval_dataset: one evaluation set, or {name: set} (each one's metrics prefixed `name_`),
-        evaluated every `eval_every` steps and at the end with `eval_collator` (default: the
-        data collator); batch_metrics, compute_metrics, finalize_metrics: see the module doc.
-    run_config: what defines the run: {"options": the job's options (its dataclass fields),
-        ...: what else identifies the model, tokenizer and data}; the trainer adds its own
-        options; saved with each checkpoint and compared on resume (a few options may change:
-        egbert.training.checkpoints.MAY_CHANGE_ON_RESUME).
-    tokenizer: saved with the final model, the best one and every checkpoint.
-    card: what the model card's Hub metadata says.
+    data: the training set and its collator, the evaluation sets and theirs (TrainingData);
+        the evaluation sets are evaluated every `eval_every` steps and at the end.
+    args: the trainer's options (TrainingArguments); its stages hand each helper the fields it
+        reads.
+    metrics: what evaluation reports beside each set's loss (EvalMetrics; see evaluator.py).
+    saved_with_model: the run's config, the tokenizer and the card's metadata (SavedWithModel):
+        what defines the run, saved with each checkpoint and compared on resume (a few options
+        may change: egbert.training.checkpoints.MAY_CHANGE_ON_RESUME), and what goes beside
+        the final model, the best one and every checkpoint.
     epoch_ends: also evaluate (when `eval_every` is 0) and checkpoint (when `save_every` is 0)
         where each epoch ends, however many steps it took (fine-tuning's epochs).
     flops_per_token: seq_len -> training FLOPs per real token, for the MFU of the log (default:
@@ -269,36 +270,25 @@ class Trainer:
     def __init__(
         self,
         model: torch.nn.Module,
+        data: TrainingData,
         args: TrainingArguments,
-        train_dataset: Dataset | IterableDataset,
-        data_collator: Callable[[list[Any]], dict[str, Any]],
-        eval_dataset: Dataset | dict[str, Dataset] | None = None,
-        eval_collator: Callable[[list[Any]], dict[str, Any]] | None = None,
-        batch_metrics: BatchMetrics | None = None,
-        compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None,
-        finalize_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None,
-        run_config: dict[str, Any] | None = None,
-        tokenizer: Any = None,
-        card: report.ModelCardInfo | None = None,
+        metrics: EvalMetrics | None = None,
+        saved_with_model: SavedWithModel | None = None,
         epoch_ends: bool = False,
         flops_per_token: Callable[[int], float] | None = None,
     ) -> None:
+        saved_with_model = saved_with_model or SavedWithModel()
         self.args, self.output_dir = args, Path(args.output_dir)
-        self.data_collator, self.card = data_collator, card
+        self.data_collator, self.card = data.collator, saved_with_model.card
         # the tokenizer goes beside every saved model, checkpoints included: each one loads
-        self._write_tokenizer = tokenizer_writer(tokenizer)
+        self._write_tokenizer = tokenizer_writer(saved_with_model.tokenizer)
         self.epoch_ends = epoch_ends
-        self._setup_run(run_config or {})
+        self._setup_run(saved_with_model.run_config)
         self._setup_model(model, flops_per_token)
-        optimizer = optimization.training_optimizer(model, args, self.accelerator.device)
-        self._setup_data(model, optimizer, train_dataset)
-        self._setup_evaluation(
-            eval_dataset,
-            eval_collator or data_collator,
-            batch_metrics,
-            compute_metrics,
-            finalize_metrics,
-        )
+        optimizer = self._setup_optimizer(model)
+        loader = self._setup_data(data.train)
+        self._prepare_and_compile(model, optimizer, loader)
+        self._setup_evaluation(data, metrics or EvalMetrics())
         self._setup_schedule(optimizer)
 
     # ------------------------------------------------------------ setup, in order
@@ -325,7 +315,8 @@ class Trainer:
         self, model: torch.nn.Module, flops_per_token: Callable[[int], float] | None
     ) -> None:
         """What the trainer reads of the model, once: the label smoothing its forward takes,
-        its width (inverse_sqrt's d_model) and its FLOPs per token (the log's MFU)."""
+        its width (inverse_sqrt's d_model) and its FLOPs per token (the log's MFU); and
+        --gradient-checkpointing."""
         self.loss_arguments, self._eval_arguments = label_smoothing_arguments(
             model, self.args.label_smoothing
         )
@@ -337,49 +328,55 @@ class Trainer:
         count = flops_per_token or default_flops_per_token(model)
         self.flops_per_token = None if count is None else functools.cache(count)
 
-    def _setup_data(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        train_dataset: Dataset | IterableDataset,
-    ) -> None:
-        """Accelerate's prepare of the model, the optimizer and the training batches, then
-        --compile."""
+    def _setup_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """AdamW over the model's parameters, before Accelerate's prepare wraps the two."""
+        return optimization.training_optimizer(model, self.args, self.accelerator.device)
+
+    def _setup_data(self, train_dataset: Dataset | IterableDataset) -> DataLoader:
+        """The training batches, for Accelerate's prepare (a stream is split between the
+        processes here, its position kept, and not prepared again), and what
+        --auto-find-batch-size refits them with."""
         args, accelerator = self.args, self.accelerator
-        self.model, self.optimizer, self.train_loader, self.stream = prepare_training(
-            accelerator, model, optimizer, train_dataset, args, self.data_collator, self.log.message
+        loader, self.stream = training_batches(
+            accelerator, train_dataset, args, self.data_collator, self.log.message
+        )
+        self.batch_fitter = BatchFitter(accelerator, train_dataset, self.data_collator, args)
+        return loader
+
+    def _prepare_and_compile(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader
+    ) -> None:
+        """Accelerate's prepare of the model, the optimizer and the training batches, in one
+        call (DeepSpeed reads the batch size off the loader): the model on the device and
+        wrapped for the processes (DDP, FSDP); then --compile of the wrapped model."""
+        accelerator = self.accelerator
+        self.model, self.optimizer, self.train_loader = prepare_training(
+            accelerator, model, optimizer, loader, self.stream
         )
         self._unwrapped = accelerator.unwrap_model(self.model)
-        self.batch_fitter = BatchFitter(accelerator, train_dataset, self.data_collator, args)
-        save = functools.partial(save_model_folder, accelerator, self.model)
-        self.best = BestModel(args, self.output_dir / "best", save, self._write_tokenizer)
-        if args.compile:
+        if self.args.compile:
             # In place, after DDP/FSDP wrapped it (what torch.compile supports for both): no
             # OptimizedModule wrapper, so no `_orig_mod.` in any saved name, and unwrapping gives
             # the model itself. Accelerate's dynamo plugin wraps it, and its save_state saves
             # the wrapper's names.
-            self.model.compile(mode=None if args.compile_mode == "default" else args.compile_mode)
+            mode = self.args.compile_mode
+            self.model.compile(mode=None if mode == "default" else mode)
 
-    def _setup_evaluation(
-        self,
-        eval_dataset: Dataset | dict[str, Dataset] | None,
-        collator: Callable[[list[Any]], dict[str, Any]],
-        batch_metrics: BatchMetrics | None,
-        compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None,
-        finalize_metrics: Callable[[dict[str, float]], dict[str, float]] | None,
-    ) -> None:
+    def _setup_evaluation(self, data: TrainingData, metrics: EvalMetrics) -> None:
+        """The evaluation sets' batches and metrics, and the best model by
+        --metric-for-best-model."""
         self.evaluator = Evaluator(
             self.model,
             self.accelerator,
             self.args,
-            collator,
-            eval_dataset,
-            batch_metrics,
-            compute_metrics,
-            finalize_metrics,
+            data.eval_collator or data.collator,
+            data.eval,
+            metrics,
             forward_arguments=self._eval_arguments,
         )
         self.eval_sets = self.evaluator.eval_sets
+        save = functools.partial(save_model_folder, self.accelerator, self.model)
+        self.best = BestModel(self.args, self.output_dir / "best", save, self._write_tokenizer)
 
     def _setup_schedule(self, optimizer: torch.optim.Optimizer) -> None:
         """The learning-rate schedule, whose length needs the per-process number of batches,
