@@ -361,7 +361,7 @@ def test_auto_find_batch_size_halves_the_batch_and_trains_the_same_run(tmp_path)
     found = Harness(fits=2)
     trainer = train(tmp_path / "found", found, **options)
     assert found.out_of_memory == 2  # at 8, then at 4
-    assert trainer.state.batch_size_found == 2 and trainer.args.grad_accum == 4
+    assert trainer.state.batch_size_found == 2 and trainer.batching.grad_accum == 4
     log = (tmp_path / "found/train.log").read_text()
     assert (
         "egbert: out of memory at batch 4; --auto-find-batch-size goes on with batch 2 x 4 "

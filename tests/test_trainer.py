@@ -36,7 +36,7 @@ from egbert.errors import CheckpointError, ConfigError, TrainingError
 from egbert.finetune.run import parse_finetune_args
 from egbert.pretrain.collators import MLMCollator
 from egbert.tokenizer import load_tokenizer
-from egbert.training.batches import TrainingData, epochs_done, padded_length, real_tokens
+from egbert.training.batches import Batching, TrainingData, epochs_done, padded_length, real_tokens
 from egbert.training.checkpoints import TrainerState
 from egbert.training.model_saving import (
     BestModel,
@@ -45,6 +45,8 @@ from egbert.training.model_saving import (
     save_model_folder,
 )
 from egbert.training.optimization import (
+    RunLength,
+    Schedule,
     accumulation_text,
     batches_per_step,
     lr_multiplier,
@@ -56,7 +58,7 @@ from egbert.training.optimization import (
     warmup_length,
 )
 from egbert.training.runtime import bf16_pays_off, matmul_gflops
-from egbert.training.trainer import Trainer
+from egbert.training.trainer import Trainer, options_for
 
 VOCAB = 40
 POISON = VOCAB - 1  # a token whose embedding row is NaN in the non-finite tests
@@ -231,12 +233,14 @@ def test_progress_is_the_larger_of_the_budget_and_the_steps_done(tmp_path):
     args = TrainingArguments(
         output_dir=str(tmp_path), budget_minutes=2, max_steps=100, batch_size=4, batch_ramp_to=12
     )
-    assert run_progress(args, 0, 30.0, 100) == pytest.approx(0.25)  # 30 s of 120
-    assert run_progress(args, 80, 30.0, 100) == pytest.approx(0.8)  # 80 steps of 100
-    assert [batches_per_step(args, 0, seconds, 100) for seconds in (0, 60, 120)] == [1, 2, 3]
-    assert batches_per_step(args, 100, 0.0, 100) == 3
-    assert batches_per_step(args, 0, 240.0, 100) == 3  # past the budget: the ramp's end
-    assert accumulation_text(args) == "1 to 3 accumulation (batch ramp)"
+    budget, batching = args.budget_minutes, options_for(Batching, args)
+    assert run_progress(budget, 0, 30.0, 100) == pytest.approx(0.25)  # 30 s of 120
+    assert run_progress(budget, 80, 30.0, 100) == pytest.approx(0.8)  # 80 steps of 100
+    ramp = [batches_per_step(batching, budget, 0, seconds, 100) for seconds in (0, 60, 120)]
+    assert ramp == [1, 2, 3]
+    assert batches_per_step(batching, budget, 100, 0.0, 100) == 3
+    assert batches_per_step(batching, budget, 0, 240.0, 100) == 3  # past the budget: its end
+    assert accumulation_text(batching) == "1 to 3 accumulation (batch ramp)"
 
 
 def test_a_budget_runs_the_schedule_in_seconds_with_its_warmup_share(tmp_path):
@@ -246,16 +250,17 @@ def test_a_budget_runs_the_schedule_in_seconds_with_its_warmup_share(tmp_path):
     args = TrainingArguments(
         output_dir=str(tmp_path), budget_minutes=2, max_steps=100, warmup_steps=0.25
     )
-    warmup = warmup_length(args, 100)
+    warmup = warmup_length(args.warmup_steps, args.warmup_is_ratio, args.budget_minutes, 100)
     assert warmup == pytest.approx(30.0)
-    assert lr_multiplier(args, 0, 15.0, 100, warmup, None) == pytest.approx(0.5, rel=1e-9)
+    schedule = Schedule("linear", 100, warmup, True, args.budget_minutes, None)
+    assert lr_multiplier(schedule, 0, 15.0) == pytest.approx(0.5, rel=1e-9)
     after = (0.6 * 120 - 30) / (120 - 30)
-    assert lr_multiplier(args, 60, 15.0, 100, warmup, None) == pytest.approx(1 - after, rel=1e-9)
+    assert lr_multiplier(schedule, 60, 15.0) == pytest.approx(1 - after, rel=1e-9)
 
 
 def test_a_run_without_a_length_is_one_epoch(tmp_path):
-    assert total_steps(TrainingArguments(output_dir=str(tmp_path)), 7) == 7
-    assert total_steps(TrainingArguments(output_dir=str(tmp_path), epochs=3), 7) == 21
+    assert total_steps(RunLength(epochs=None, max_steps=None, budget_minutes=None), 7) == 7
+    assert total_steps(RunLength(epochs=3, max_steps=None, budget_minutes=None), 7) == 21
 
 
 def test_noam_rule():
@@ -314,7 +319,7 @@ def test_bad_options_are_config_errors(tmp_path):
 
 def test_warmup_ratio_and_inverse_sqrt_drive_the_optimizer(tmp_path):
     trainer = make_trainer(tmp_path / "ratio", warmup_steps=0.5, max_steps=8)
-    assert trainer.warmup == 4
+    assert trainer.schedule.warmup == 4
     trainer.train()
     lrs = [r["lr"] for r in trainer.log.records() if r["split"] == "train"]
     assert lrs == pytest.approx([3e-2 * m for m in (0, 0.25, 0.5, 0.75, 1, 0.75, 0.5, 0.25)])
@@ -720,7 +725,7 @@ def test_budget_stops_on_time_with_the_schedule_at_zero(tmp_path):
         (tmp_path / f"checkpoints/step-{result.step}/trainer_state.json").read_text()
     )
     assert state["elapsed_seconds"] >= budget_s
-    assert trainer.warmup == pytest.approx(0.1 * budget_s)
+    assert trainer.schedule.warmup == pytest.approx(0.1 * budget_s)
     assert schedule_multiplier("cosine", budget_s, budget_s, 0.3) == 0.0
     # Replayed with that run's clock, a run whose steps take no time (no sleeping collator) ends
     # at the same step with the same lr at every step, and the same weights.

@@ -33,6 +33,7 @@ from accelerate.utils import (
 
 from egbert.config import TrainingArguments
 from egbert.errors import ConfigError, first_line
+from egbert.training.batches import Batching
 from egbert.training.optimization import accumulation_text
 
 # glibc's mallopt() parameters (malloc.h)
@@ -160,14 +161,14 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def setup_lines(accelerator: Accelerator, args: TrainingArguments) -> list[str]:
+def setup_lines(accelerator: Accelerator, batching: Batching) -> list[str]:
     """What a run says of its setup when it starts: processes, device, precision, batch (and a
     warning when bf16 would be slower than fp32 here)."""
     lines = [
         f"egbert: training on {accelerator.num_processes} process(es) "
         f"({accelerator.distributed_type.value}, {accelerator.device}, mixed precision "
-        f"{accelerator.mixed_precision}); batch {args.batch_size} x "
-        f"{accumulation_text(args)} x {accelerator.num_processes} processes"
+        f"{accelerator.mixed_precision}); batch {batching.batch_size} x "
+        f"{accumulation_text(batching)} x {accelerator.num_processes} processes"
     ]
     if accelerator.mixed_precision == "bf16":
         warning = slow_bf16_warning(accelerator.device.type)

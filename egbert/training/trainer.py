@@ -43,9 +43,9 @@ import itertools
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from accelerate.utils import set_seed
@@ -59,6 +59,7 @@ from egbert.errors import ConfigError, DataError, TrainingError
 from egbert.training import optimization
 from egbert.training.batches import (
     BatchFitter,
+    Batching,
     TrainingData,
     epoch_batches,
     epochs_done,
@@ -84,6 +85,7 @@ from egbert.training.model_saving import (
     save_model_folder,
     tokenizer_writer,
 )
+from egbert.training.optimization import AdamWOptions, RunLength, Schedule
 from egbert.training.runtime import (
     keep_freed_memory_in_process,
     loss_scale,
@@ -114,6 +116,8 @@ from egbert.training.step_numbers import (
 # torch._dynamo settings of --compile: bert's sparse MLM head selects the masked positions
 # (a size known only from the data) and elmo runs nn.LSTM, both graph breaks without these.
 COMPILE_SETTINGS = {"capture_dynamic_output_shape_ops": True, "allow_rnn": True}
+
+Options = TypeVar("Options")
 
 
 @dataclass
@@ -206,10 +210,15 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     model.activation_checkpointing_enable()
 
 
-def epochs_left(args: TrainingArguments, epoch: int) -> bool:
+def epochs_left(length: RunLength, epoch: int) -> bool:
     """Whether the run trains another epoch after `epoch` ones: --epochs' end, unless
     --max-steps (or a budget alone) ends it."""
-    return args.epochs is None or args.max_steps is not None or epoch < args.epochs
+    return length.epochs is None or length.max_steps is not None or epoch < length.epochs
+
+
+def options_for(kind: type[Options], args: TrainingArguments) -> Options:
+    """The options a helper reads, as the dataclass `kind`: the fields of `args` it names."""
+    return kind(**{field.name: getattr(args, field.name) for field in fields(kind)})
 
 
 def evaluates_or_saves(step: int, args: TrainingArguments) -> bool:
@@ -330,17 +339,23 @@ class Trainer:
 
     def _setup_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
         """AdamW over the model's parameters, before Accelerate's prepare wraps the two."""
-        return optimization.training_optimizer(model, self.args, self.accelerator.device)
+        options = options_for(AdamWOptions, self.args)
+        return optimization.training_optimizer(model, self.accelerator.device, options)
 
     def _setup_data(self, train_dataset: Dataset | IterableDataset) -> DataLoader:
         """The training batches, for Accelerate's prepare (a stream is split between the
         processes here, its position kept, and not prepared again), and what
         --auto-find-batch-size refits them with."""
         args, accelerator = self.args, self.accelerator
+        self.length, self.batching = options_for(RunLength, args), options_for(Batching, args)
+        streaming = isinstance(train_dataset, IterableDataset)
+        optimization.check_run_length(self.length, args.batch_ramp_to, streaming)
         loader, self.stream = training_batches(
-            accelerator, train_dataset, args, self.data_collator, self.log.message
+            accelerator, train_dataset, self.batching, self.data_collator, self.log.message
         )
-        self.batch_fitter = BatchFitter(accelerator, train_dataset, self.data_collator, args)
+        self.batch_fitter = BatchFitter(
+            accelerator, train_dataset, self.data_collator, args.auto_find_batch_size
+        )
         return loader
 
     def _prepare_and_compile(
@@ -366,13 +381,7 @@ class Trainer:
         """The evaluation sets' batches and metrics, and the best model by
         --metric-for-best-model."""
         self.evaluator = Evaluator(
-            self.model,
-            self.accelerator,
-            self.args,
-            data.eval_collator or data.collator,
-            data.eval,
-            metrics,
-            forward_arguments=self._eval_arguments,
+            self.model, self.accelerator, self.batching, data, metrics, self._eval_arguments
         )
         self.eval_sets = self.evaluator.eval_sets
         save = functools.partial(save_model_folder, self.accelerator, self.model)
@@ -382,19 +391,19 @@ class Trainer:
         """The learning-rate schedule, whose length needs the per-process number of batches,
         known after prepare (a stream has none: train_loader asked for --max-steps or a
         budget); and whether the processes agree each step."""
-        args = self.args
-        steps_per_epoch = 0 if self.stream else math.ceil(len(self.train_loader) / args.grad_accum)
-        self.total_steps = optimization.total_steps(args, steps_per_epoch)
-        self.warmup = optimization.warmup_length(args, self.total_steps)
+        args, batches = self.args, len(self.train_loader) if self.stream is None else 0
+        total = optimization.total_steps(self.length, math.ceil(batches / self.batching.grad_accum))
+        ratio, budget = args.warmup_is_ratio, args.budget_minutes
+        warmup = optimization.warmup_length(args.warmup_steps, ratio, budget, total)
+        self.schedule = Schedule(args.schedule, total, warmup, ratio, budget, self.d_model)
+        self.total_steps = total
         self.scheduler = self.accelerator.prepare(
             torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_multiplier)
         )
         self._agree_each_step = agrees_each_step(args, self.accelerator.num_processes)
 
     def _lr_multiplier(self, step: int) -> float:
-        return optimization.lr_multiplier(
-            self.args, step, self.state.elapsed_seconds, self.total_steps, self.warmup, self.d_model
-        )
+        return optimization.lr_multiplier(self.schedule, step, self.state.elapsed_seconds)
 
     # ------------------------------------------------------------ training
 
@@ -416,7 +425,7 @@ class Trainer:
 
     def _train_and_save(self) -> TrainOutput:
         self._start_or_resume()
-        for line in setup_lines(self.accelerator, self.args):
+        for line in setup_lines(self.accelerator, self.batching):
             self.log.message(line)
         progress = progress_bar(self.accelerator, self.total_steps, self.state.step)
         self._train_loop(progress)
@@ -451,15 +460,15 @@ class Trainer:
         flops = self.flops_per_token is not None
         self.ledger = StepLedger(self.accelerator, self.state.elapsed_seconds, flops)
         self.clock = training_clock(self.args, self.replayed_clock, self.state)
-        while not self._finished() and epochs_left(self.args, self.state.epoch):
+        while not self._finished() and epochs_left(self.length, self.state.epoch):
             if not self._train_epoch(progress):
                 break
 
     def _finished(self) -> bool:
-        state, args = self.state, self.args
+        state, budget = self.state, self.length.budget_minutes
         if self._stopping:
             return True
-        if args.budget_minutes is not None and state.elapsed_seconds >= args.budget_minutes * 60:
+        if budget is not None and state.elapsed_seconds >= budget * 60:
             return True
         return self.total_steps is not None and state.step >= self.total_steps
 
@@ -470,8 +479,9 @@ class Trainer:
         batches = epoch_batches(loader, self.data_collator, state.epoch, started_at, self.stream)
         while True:
             state = self.state
+            budget, elapsed = self.length.budget_minutes, state.elapsed_seconds
             count = optimization.batches_per_step(
-                self.args, state.step, state.elapsed_seconds, self.total_steps
+                self.batching, budget, state.step, elapsed, self.total_steps
             )
             group = list(itertools.islice(batches, count))
             if not group:
@@ -481,7 +491,8 @@ class Trainer:
             try:
                 updated = self._optimizer_step(group)
             except RuntimeError as error:  # --auto-find-batch-size: out of memory
-                self._use_batch_size(self.batch_fitter.halved(error, self.args), after=error)
+                size = self.batch_fitter.halved(error, self.batching.batch_size)
+                self._use_batch_size(size, after=error)
                 skip = self.state.batches_in_epoch
                 batches = epoch_batches(
                     self.train_loader, self.data_collator, state.epoch, skip, None
@@ -515,10 +526,11 @@ class Trainer:
         example of the step that ran out, else as the resumed run found them."""
         if after is not None:
             self.optimizer.zero_grad(set_to_none=True)
-            self.state.batches_in_epoch *= self.args.batch_size // size
-        self.args, self.train_loader = self.batch_fitter.fit(self.args, size)
+            self.state.batches_in_epoch *= self.batching.batch_size // size
+        self.batching, self.train_loader = self.batch_fitter.fit(self.batching, size)
         self.state.batch_size_found = size
-        self.log.message(fitted_message(self.args, self.state.step, found_before=after is None))
+        found_before = after is None
+        self.log.message(fitted_message(self.batching, self.state.step, found_before))
 
     def _optimizer_step(self, group: list[dict[str, Any]]) -> bool:
         """Forward and backward over `group` (accumulated), then one update unless, agreeing
@@ -649,7 +661,7 @@ class Trainer:
                 checkpoint, self._unwrapped, self.state, args, self.stream, self.log.message
             )
             found = self.state.batch_size_found
-            if found is not None and found != args.batch_size:
+            if found is not None and found != self.batching.batch_size:
                 self._use_batch_size(found)
         self.log.truncate(after_step=self.state.step)
 
