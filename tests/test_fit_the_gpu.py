@@ -188,15 +188,14 @@ def test_bf16_with_fp16_and_bf16_on_a_gpu_without_it_are_refused(tmp_path, monke
         TrainingArguments(output_dir=str(tmp_path), bf16=True, fp16=True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "Tesla T4")
-    args = TrainingArguments(output_dir=str(tmp_path), bf16=True)
     with pytest.raises(ConfigError) as refused:
-        check_bf16_supported(args, "cuda")
+        check_bf16_supported(True, "cuda")
     assert str(refused.value) == (
         "--bf16: this GPU (Tesla T4) has no bf16; train with --fp16 (fp16 with loss scaling) "
         "instead"
     )
-    check_bf16_supported(args, "cpu")  # the CPU runs bf16 autocast
-    check_bf16_supported(TrainingArguments(output_dir=str(tmp_path), fp16=True), "cuda")
+    check_bf16_supported(True, "cpu")  # the CPU runs bf16 autocast
+    check_bf16_supported(None, "cuda")  # --fp16, or bf16 left to the launch config
 
 
 # ---------------------------------------------------------------- gradient checkpointing

@@ -525,7 +525,9 @@ BEST_BY_NAME = [
 
 def best_step_of(args: TrainingArguments, values: list[float]) -> int | None:
     """The step whose model BestModel keeps when evaluations at steps 1, 2, ... give `values`."""
-    best = BestModel(args, Path("best"), lambda folder, write_extras: None, lambda folder: None)
+    save, write_extras = (lambda folder, write_extras: None), (lambda folder: None)
+    metric, greater = args.metric_for_best_model, args.greater_is_better
+    best = BestModel(metric, greater, Path("best"), save, write_extras)
     state = TrainerState()
     for step, value in enumerate(values, start=1):
         state.step = step
@@ -552,7 +554,8 @@ def test_the_best_model_folder_holds_its_extras_and_loads_onto_ddp_s_cpu_device(
         write_extras(folder)
 
     extras = lambda folder: (folder / "extra.txt").write_text("written")  # noqa: E731
-    best, state = BestModel(args, tmp_path / "best", save, extras), TrainerState()
+    best = BestModel(args.metric_for_best_model, None, tmp_path / "best", save, extras)
+    state = TrainerState()
     assert not best.kept(state)
     message = "--metric-for-best-model 'accuracy' is not an eval metric; choose from loss, score"
     with pytest.raises(ConfigError) as refused:

@@ -16,7 +16,6 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_model
 
 from egbert import report
-from egbert.config import TrainingArguments
 from egbert.errors import ConfigError
 from egbert.model_files import RUN_MODEL_DIR, SHARED_TENSORS_NOTE, quiet_warnings
 from egbert.training.checkpoints import TrainerState, own_storage, publish_dir, untangled_state_dict
@@ -86,15 +85,16 @@ class BestModel:
 
     def __init__(
         self,
-        args: TrainingArguments,
+        metric_for_best_model: str | None,
+        greater_is_better: bool | None,
         folder: Path,
         save: Callable[[Path, Callable[[Path], None]], None],
         write_extras: Callable[[Path], None],
     ) -> None:
         """save(folder, write_extras): save_model_folder of the trained model."""
-        name = args.metric_for_best_model
+        name = metric_for_best_model
         self.metric = None if name is None else name.removeprefix("eval_")
-        self.greater_is_better = args.greater_is_better
+        self.greater_is_better = greater_is_better
         self.folder, self.save, self.write_extras = folder, save, write_extras
 
     def track(self, metrics: dict[str, float], state: TrainerState) -> None:

@@ -71,6 +71,7 @@ from egbert.training.batches import (
 )
 from egbert.training.checkpoints import (
     Checkpointer,
+    ResumeOptions,
     TrainerState,
     config_hash,
     whole_run_config,
@@ -87,6 +88,7 @@ from egbert.training.model_saving import (
 )
 from egbert.training.optimization import AdamWOptions, RunLength, Schedule
 from egbert.training.runtime import (
+    AcceleratorOptions,
     keep_freed_memory_in_process,
     loss_scale,
     make_accelerator,
@@ -198,6 +200,14 @@ def compile_settings(compiling: bool) -> AbstractContextManager:
     return torch._dynamo.config.patch(COMPILE_SETTINGS) if compiling else nullcontext()
 
 
+def compile_in_place(model: torch.nn.Module, compile_mode: str) -> None:
+    """--compile of a prepared model, in place, after DDP/FSDP wrapped it (what torch.compile
+    supports for both): no OptimizedModule wrapper, so no `_orig_mod.` in any saved name, and
+    unwrapping gives the model itself. (Accelerate's dynamo plugin wraps it, and its save_state
+    saves the wrapper's names.)"""
+    model.compile(mode=None if compile_mode == "default" else compile_mode)
+
+
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """--gradient-checkpointing: transformers' activation checkpointing (non-reentrant, which
     torch.compile, DDP and FSDP support) of the model's layers, or a ConfigError for a model
@@ -221,10 +231,10 @@ def options_for(kind: type[Options], args: TrainingArguments) -> Options:
     return kind(**{field.name: getattr(args, field.name) for field in fields(kind)})
 
 
-def evaluates_or_saves(step: int, args: TrainingArguments) -> bool:
+def evaluates_or_saves(step: int, eval_every: int, save_every: int) -> bool:
     """Step `step` evaluates or checkpoints: the processes agree first, so that neither sees
     weights a non-finite loss has reached."""
-    return any(every and step % every == 0 for every in (args.eval_every, args.save_every))
+    return any(every and step % every == 0 for every in (eval_every, save_every))
 
 
 def progress_bar(accelerator: Any, total: int | None, initial: int) -> tqdm:
@@ -303,22 +313,24 @@ class Trainer:
     # ------------------------------------------------------------ setup, in order
 
     def _setup_run(self, run_config: dict[str, Any]) -> None:
-        """The processes (Accelerate), the run's log and checkpoints, and its state."""
+        """The processes (Accelerate) and whether they agree each step, the run's log and
+        checkpoints, and its state."""
         args = self.args
-        self.accelerator = make_accelerator(args, self.output_dir)
+        self.accelerator = make_accelerator(options_for(AcceleratorOptions, args), self.output_dir)
         self.log = report.RunLog(self.accelerator, self.output_dir)
         self.checkpoints = Checkpointer(
             self.accelerator, self.output_dir / "checkpoints", args.keep_checkpoints
         )
         keep_freed_memory_in_process(self.accelerator.device)
-        self.run_config = whole_run_config(run_config, args, self.accelerator.num_processes)
-        self.state = TrainerState(
-            run_config=self.run_config, config_hash=config_hash(self.run_config)
-        )
+        processes = self.accelerator.num_processes
+        config = self.run_config = whole_run_config(run_config, asdict(args), processes)
+        self.state = TrainerState(run_config=config, config_hash=config_hash(config))
         self._stopping, self._signal_received = False, None
         self._last_eval, self._last_eval_step = {}, None  # its metrics, its step
         self._last_lr = args.lr
         self.replayed_clock = None if args.replay_clock is None else read_clock(args.replay_clock)
+        skip, budget = args.skip_nonfinite, args.budget_minutes
+        self._agree_each_step = agrees_each_step(skip, budget, processes)
 
     def _setup_model(
         self, model: torch.nn.Module, flops_per_token: Callable[[int], float] | None
@@ -326,9 +338,8 @@ class Trainer:
         """What the trainer reads of the model, once: the label smoothing its forward takes,
         its width (inverse_sqrt's d_model) and its FLOPs per token (the log's MFU); and
         --gradient-checkpointing."""
-        self.loss_arguments, self._eval_arguments = label_smoothing_arguments(
-            model, self.args.label_smoothing
-        )
+        smoothing = self.args.label_smoothing
+        self.loss_arguments, self._eval_arguments = label_smoothing_arguments(model, smoothing)
         if self.args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.d_model = getattr(getattr(model, "config", None), "hidden_size", None)
@@ -364,18 +375,12 @@ class Trainer:
         """Accelerate's prepare of the model, the optimizer and the training batches, in one
         call (DeepSpeed reads the batch size off the loader): the model on the device and
         wrapped for the processes (DDP, FSDP); then --compile of the wrapped model."""
-        accelerator = self.accelerator
         self.model, self.optimizer, self.train_loader = prepare_training(
-            accelerator, model, optimizer, loader, self.stream
+            self.accelerator, model, optimizer, loader, self.stream
         )
-        self._unwrapped = accelerator.unwrap_model(self.model)
+        self._unwrapped = self.accelerator.unwrap_model(self.model)
         if self.args.compile:
-            # In place, after DDP/FSDP wrapped it (what torch.compile supports for both): no
-            # OptimizedModule wrapper, so no `_orig_mod.` in any saved name, and unwrapping gives
-            # the model itself. Accelerate's dynamo plugin wraps it, and its save_state saves
-            # the wrapper's names.
-            mode = self.args.compile_mode
-            self.model.compile(mode=None if mode == "default" else mode)
+            compile_in_place(self.model, self.args.compile_mode)
 
     def _setup_evaluation(self, data: TrainingData, metrics: EvalMetrics) -> None:
         """The evaluation sets' batches and metrics, and the best model by
@@ -385,12 +390,14 @@ class Trainer:
         )
         self.eval_sets = self.evaluator.eval_sets
         save = functools.partial(save_model_folder, self.accelerator, self.model)
-        self.best = BestModel(self.args, self.output_dir / "best", save, self._write_tokenizer)
+        metric, greater = self.args.metric_for_best_model, self.args.greater_is_better
+        folder = self.output_dir / "best"
+        self.best = BestModel(metric, greater, folder, save, self._write_tokenizer)
 
     def _setup_schedule(self, optimizer: torch.optim.Optimizer) -> None:
         """The learning-rate schedule, whose length needs the per-process number of batches,
         known after prepare (a stream has none: train_loader asked for --max-steps or a
-        budget); and whether the processes agree each step."""
+        budget)."""
         args, batches = self.args, len(self.train_loader) if self.stream is None else 0
         total = optimization.total_steps(self.length, math.ceil(batches / self.batching.grad_accum))
         ratio, budget = args.warmup_is_ratio, args.budget_minutes
@@ -400,7 +407,6 @@ class Trainer:
         self.scheduler = self.accelerator.prepare(
             torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_multiplier)
         )
-        self._agree_each_step = agrees_each_step(args, self.accelerator.num_processes)
 
     def _lr_multiplier(self, step: int) -> float:
         return optimization.lr_multiplier(self.schedule, step, self.state.elapsed_seconds)
@@ -459,7 +465,8 @@ class Trainer:
     def _train_loop(self, progress: tqdm) -> None:
         flops = self.flops_per_token is not None
         self.ledger = StepLedger(self.accelerator, self.state.elapsed_seconds, flops)
-        self.clock = training_clock(self.args, self.replayed_clock, self.state)
+        compiling, replay_clock = self.args.compile, self.args.replay_clock
+        self.clock = training_clock(compiling, replay_clock, self.replayed_clock, self.state)
         while not self._finished() and epochs_left(self.length, self.state.epoch):
             if not self._train_epoch(progress):
                 break
@@ -529,8 +536,7 @@ class Trainer:
             self.state.batches_in_epoch *= self.batching.batch_size // size
         self.batching, self.train_loader = self.batch_fitter.fit(self.batching, size)
         self.state.batch_size_found = size
-        found_before = after is None
-        self.log.message(fitted_message(self.batching, self.state.step, found_before))
+        self.log.message(fitted_message(self.batching, self.state.step, found_before=after is None))
 
     def _optimizer_step(self, group: list[dict[str, Any]]) -> bool:
         """Forward and backward over `group` (accumulated), then one update unless, agreeing
@@ -584,7 +590,8 @@ class Trainer:
         state, args = self.state, self.args
         logging = state.step % args.log_every == 0 or self._finished()
         signal_here = self._signal_received is not None and self.accelerator.num_processes == 1
-        if logging or evaluates_or_saves(state.step, args) or signal_here:
+        evaluating_or_saving = evaluates_or_saves(state.step, args.eval_every, args.save_every)
+        if logging or evaluating_or_saving or signal_here:
             self._agree_on_pending_steps()
         # The clock runs on from the backward pass, so the update just made (and the wait for the
         # device in agreeing) counts at the next step; logging (and the matmul peak measured for
@@ -652,13 +659,15 @@ class Trainer:
     def _start_or_resume(self) -> None:
         """Start anew, seeded, or go on from the checkpoint --resume finds, as it left off."""
         args = self.args
-        checkpoint = self.checkpoints.start(args, self.log.message)  # refuses to overwrite one
+        resuming = options_for(ResumeOptions, args)
+        checkpoint = self.checkpoints.start(resuming, self.log.message)  # refuses to overwrite one
         start_trackers(self.accelerator, args.report_to, report.tracker_config(self.run_config))
         if checkpoint is None:
             set_seed(args.seed)
         else:
+            anyway, say = args.resume_anyway, self.log.message
             self.state = self.checkpoints.resume(
-                checkpoint, self._unwrapped, self.state, args, self.stream, self.log.message
+                checkpoint, self._unwrapped, self.state, anyway, self.stream, say
             )
             found = self.state.batch_size_found
             if found is not None and found != self.batching.batch_size:
