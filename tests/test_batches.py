@@ -16,6 +16,7 @@ from egbert.config import TrainingArguments
 from egbert.errors import ConfigError, DataError, TrainingError
 from egbert.training.batches import (
     BatchFitter,
+    Batching,
     LengthGroupedEpochs,
     StreamPosition,
     example_lengths,
@@ -24,12 +25,27 @@ from egbert.training.batches import (
     stream_loader,
     train_loader,
 )
+from egbert.training.optimization import RunLength, check_run_length
+from egbert.training.trainer import options_for
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
 
 
 def arguments(**options) -> TrainingArguments:
     return TrainingArguments(output_dir="unused", **options)
+
+
+def batching(**options) -> Batching:
+    """The Batching of a run with these options (TrainingArguments' defaults for the rest)."""
+    return options_for(Batching, arguments(**options))
+
+
+def checked_loader(dataset, options: TrainingArguments) -> torch.utils.data.DataLoader:
+    """The training batches as the Trainer's data stage makes them: the run's length checked
+    first."""
+    streaming = isinstance(dataset, torch.utils.data.IterableDataset)
+    check_run_length(options_for(RunLength, options), options.batch_ramp_to, streaming)
+    return train_loader(dataset, options_for(Batching, options), list, CPU)
 
 
 def numbered_stream(count: int = 10, shards: int = 1) -> datasets.IterableDataset:
@@ -51,13 +67,13 @@ def test_a_gpu_runs_loader_collates_in_two_pinned_workers_and_a_cpu_runs_in_the_
     """docs/training.md: --num-workers defaults to 2 on a GPU and 0 on the CPU; batches are
     pinned on a GPU only; the loader's generator is seeded with --seed."""
     examples = [{"input_ids": [1, 2]}] * 4
-    on_gpu = train_loader(examples, arguments(), list, GPU)
-    on_cpu = train_loader(examples, arguments(), list, CPU)
+    on_gpu = train_loader(examples, batching(), list, GPU)
+    on_cpu = train_loader(examples, batching(), list, CPU)
     assert (on_gpu.num_workers, on_gpu.pin_memory) == (2, True)
     assert (on_cpu.num_workers, on_cpu.pin_memory) == (0, False)
-    assert train_loader(examples, arguments(num_workers=1), list, CPU).num_workers == 1
-    assert train_loader(examples, arguments(num_workers=0), list, GPU).num_workers == 0
-    options = loader_options(arguments(seed=123, batch_size=5), list, CPU)
+    assert train_loader(examples, batching(num_workers=1), list, CPU).num_workers == 1
+    assert train_loader(examples, batching(num_workers=0), list, GPU).num_workers == 0
+    options = loader_options(batching(seed=123, batch_size=5), list, CPU)
     assert options["batch_size"] == 5 and options["collate_fn"] is list
     assert options["generator"].initial_seed() == 123
 
@@ -109,20 +125,20 @@ class TorchStream(torch.utils.data.IterableDataset):
 )
 def test_the_loaders_refusals_word_for_word(data, options, error, message):
     with pytest.raises(error) as raised:
-        train_loader(data(), arguments(**options), list, CPU)
+        checked_loader(data(), arguments(**options))
     assert str(raised.value) == message
 
 
 def test_a_stream_is_read_in_order_by_the_main_process_unless_it_is_a_torch_one():
     """A datasets stream keeps its position in the main process (StreamPosition): no workers,
     even on a GPU; a plain torch IterableDataset takes the workers asked for."""
-    on_gpu = train_loader(numbered_stream(), arguments(max_steps=3), list, GPU)
+    on_gpu = train_loader(numbered_stream(), batching(), list, GPU)
     assert on_gpu.num_workers == 0 and on_gpu.pin_memory
-    stream = train_loader(numbered_stream(4), arguments(max_steps=3, batch_size=3), list, CPU)
+    stream = checked_loader(numbered_stream(4), arguments(max_steps=3, batch_size=3))
     assert [numbers(batch) for batch in stream] == [[0, 1, 2], [3]]
-    torch_stream = train_loader(TorchStream(), arguments(max_steps=3, num_workers=1), list, CPU)
+    torch_stream = checked_loader(TorchStream(), arguments(max_steps=3, num_workers=1))
     assert torch_stream.num_workers == 1
-    budgeted = train_loader(numbered_stream(), arguments(budget_minutes=1.0), list, CPU)
+    budgeted = checked_loader(numbered_stream(), arguments(budget_minutes=1.0))
     assert budgeted.num_workers == 0
 
 
@@ -148,7 +164,7 @@ def test_each_epochs_order_is_transformers_length_grouped_one_seeded_with_seed_p
 
 def test_the_group_is_a_steps_examples_batch_times_accumulation():
     examples = [{"input_ids": [0] * length} for length in [3, 17, 5, 9, 1, 12, 7, 30] * 25]
-    options = arguments(group_by_length=True, batch_size=2, grad_accum=3, seed=4)
+    options = batching(group_by_length=True, batch_size=2, grad_accum=3, seed=4)
     loader = train_loader(examples, options, list, CPU)
     lengths = [len(example["input_ids"]) for example in examples]
     generator = torch.Generator().manual_seed(4)
@@ -186,7 +202,7 @@ def test_group_by_length_refuses_data_without_input_ids_in_one_line(data):
 def test_a_streams_position_is_that_of_the_batches_trained_not_of_those_made_ahead(tmp_path):
     stream = numbered_stream()
     position = StreamPosition(stream, numbers)
-    batches = iter(train_loader(stream, arguments(max_steps=9, batch_size=2), position, CPU))
+    batches = iter(train_loader(stream, batching(batch_size=2), position, CPU))
     assert [next(batches), next(batches), next(batches)] == [[0, 1], [2, 3], [4, 5]]
     position.consumed(2)  # the third batch was made ahead, not trained
     position.save(tmp_path, 3)
@@ -201,7 +217,7 @@ def test_a_streams_position_is_that_of_the_batches_trained_not_of_those_made_ahe
 def test_a_new_pass_drops_the_batches_the_last_one_made_ahead(tmp_path):
     stream = numbered_stream(4)
     position = StreamPosition(stream, numbers)
-    loader = train_loader(stream, arguments(max_steps=9, batch_size=3), position, CPU)
+    loader = train_loader(stream, batching(batch_size=3), position, CPU)
     assert list(loader) == [[0, 1, 2], [3]]
     position.consumed(1)  # the pass ended with [3] made but not trained
     position.restart()
@@ -232,22 +248,22 @@ def accelerator(one_thread_and_fresh_accelerate) -> Accelerator:
 
 def test_an_out_of_memory_halves_the_batch_and_any_other_error_is_raised_again(accelerator):
     examples = [{"input_ids": [i]} for i in range(8)]
-    fitter = BatchFitter(accelerator, examples, list, arguments(auto_find_batch_size=True))
+    fitter = BatchFitter(accelerator, examples, list, auto_find_batch_size=True)
     for message in (CUDA_OOM, CPU_OOM):  # what accelerate's should_reduce_batch_size knows
         for batch, half in ((8, 4), (6, 3)):
-            options = arguments(auto_find_batch_size=True, batch_size=batch)
-            halved = fitter.halved(RuntimeError(message), options)
+            halved = fitter.halved(RuntimeError(message), batch)
             assert halved == half and type(halved) is int
-    for error, options in [
-        (RuntimeError("shapes cannot be multiplied"), {"auto_find_batch_size": True}),
-        (RuntimeError(CUDA_OOM), {}),  # the option off
+    switched_off = BatchFitter(accelerator, examples, list, auto_find_batch_size=False)
+    for error, which in [
+        (RuntimeError("shapes cannot be multiplied"), fitter),
+        (RuntimeError(CUDA_OOM), switched_off),  # the option off
     ]:
         with pytest.raises(RuntimeError) as raised:
-            fitter.halved(error, arguments(**options))
+            which.halved(error, 8)
         assert raised.value is error
     odd = RuntimeError(CUDA_OOM)
     with pytest.raises(TrainingError) as raised:
-        fitter.halved(odd, arguments(auto_find_batch_size=True, batch_size=5))
+        fitter.halved(odd, 5)
     assert raised.value.__cause__ is odd
     assert str(raised.value) == (
         "out of memory at batch 5, which --auto-find-batch-size cannot halve into equal batches; "
@@ -257,8 +273,8 @@ def test_an_out_of_memory_halves_the_batch_and_any_other_error_is_raised_again(a
 
 def test_a_fitted_batch_takes_the_same_examples_a_step_in_the_same_order(accelerator):
     examples = [{"input_ids": [i]} for i in range(24)]
-    options = arguments(auto_find_batch_size=True, batch_size=8, grad_accum=2, seed=3)
-    fitter = BatchFitter(accelerator, examples, list, options)
+    options = batching(batch_size=8, grad_accum=2, seed=3)
+    fitter = BatchFitter(accelerator, examples, list, auto_find_batch_size=True)
     fitted, loader = fitter.fit(options, 2)
     assert (fitted.batch_size, fitted.grad_accum, fitted.seed) == (2, 8, 3)
     whole = accelerator.prepare(train_loader(examples, options, list, accelerator.device))
@@ -271,13 +287,13 @@ def test_a_fitted_batch_takes_the_same_examples_a_step_in_the_same_order(acceler
 
 def test_a_stream_cannot_fit_its_batch(accelerator):
     with pytest.raises(ConfigError) as raised:
-        BatchFitter(accelerator, numbered_stream(), list, arguments(auto_find_batch_size=True))
+        BatchFitter(accelerator, numbered_stream(), list, auto_find_batch_size=True)
     assert str(raised.value) == "--auto-find-batch-size needs map-style data: drop --streaming"
-    BatchFitter(accelerator, numbered_stream(), list, arguments())  # without the option: no refusal
+    BatchFitter(accelerator, numbered_stream(), list, auto_find_batch_size=False)  # no refusal
 
 
 def test_the_fitted_batch_is_said_in_one_line_found_now_or_before():
-    fitted = arguments(batch_size=2, grad_accum=4)
+    fitted = batching(batch_size=2, grad_accum=4)
     assert fitted_message(fitted, 6, found_before=False) == (
         "egbert: out of memory at batch 4; --auto-find-batch-size goes on with batch 2 x 4 "
         "accumulation from step 7 (the same 8 examples a step)"
@@ -297,7 +313,7 @@ def numbered_tensors(rows) -> dict[str, torch.Tensor]:
 
 def test_one_process_reads_the_whole_stream_in_order_on_its_device(accelerator, tmp_path):
     messages = []
-    options = arguments(max_steps=5, batch_size=4)
+    options = batching(batch_size=4)
     loader, position = stream_loader(
         numbered_stream(), options, numbered_tensors, accelerator, messages.append
     )
@@ -324,7 +340,7 @@ def test_each_process_reads_its_part_of_the_stream_and_a_stream_of_too_few_shard
     messages = []
 
     def second_process_reads(stream: datasets.IterableDataset) -> list[int]:
-        options = arguments(max_steps=5, batch_size=2)
+        options = batching(batch_size=2)
         second = SecondOfTwoProcesses()
         loader, _ = stream_loader(stream, options, numbered_tensors, second, messages.append)
         return [n for batch in loader for n in batch["n"].tolist()]
@@ -341,11 +357,10 @@ def test_each_process_reads_its_part_of_the_stream_and_a_stream_of_too_few_shard
 
 
 def test_several_processes_cannot_fit_their_batch():
-    options = arguments(auto_find_batch_size=True)
     with pytest.raises(ConfigError) as raised:
-        BatchFitter(SecondOfTwoProcesses(), [{"input_ids": [1]}], list, options)
+        BatchFitter(SecondOfTwoProcesses(), [{"input_ids": [1]}], list, auto_find_batch_size=True)
     assert str(raised.value) == (
         "--auto-find-batch-size works on one process; with several, find the batch on one first "
         "and pass it as --batch-size"
     )
-    BatchFitter(SecondOfTwoProcesses(), [{"input_ids": [1]}], list, arguments())
+    BatchFitter(SecondOfTwoProcesses(), [{"input_ids": [1]}], list, auto_find_batch_size=False)

@@ -31,9 +31,11 @@ from egbert.config import TrainingArguments
 from egbert.errors import CheckpointError, ConfigError
 from egbert.model_files import load_pretrained
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
+from egbert.training.batches import TrainingData
 from egbert.training.checkpoints import (
     STATE_FILE,
     Checkpointer,
+    ResumeOptions,
     TrainerState,
     _views_to_untangle,
     checkpoints_in,
@@ -47,7 +49,8 @@ from egbert.training.checkpoints import (
     write_error_reason,
     write_failure,
 )
-from egbert.training.trainer import Trainer
+from egbert.training.model_saving import SavedWithModel
+from egbert.training.trainer import Trainer, options_for
 
 VOCAB = 50
 
@@ -146,14 +149,9 @@ def flat_trainer(out, **options) -> Trainer:
     flatten_like_cudnn(model)
     defaults = {"lr": 1e-2, "batch_size": 4, "max_steps": 6, "save_every": 3, "log_every": 1}
     args = TrainingArguments(output_dir=str(out), **{**defaults, **options})
-    return Trainer(
-        model,
-        args,
-        blocks(16, seed=1),
-        BlockCollator(),
-        eval_dataset=blocks(8, seed=2),
-        run_config={"model": "tiny elmo"},
-    )
+    data = TrainingData(blocks(16, seed=1), BlockCollator(), eval=blocks(8, seed=2))
+    saved_with_model = SavedWithModel(run_config={"model": "tiny elmo"})
+    return Trainer(model, data, args, saved_with_model=saved_with_model)
 
 
 def test_checkpoint_resume_best_and_final_model_keep_every_lstm_weight(tmp_path):
@@ -279,8 +277,7 @@ def test_resume_restores_the_weights_and_state_and_removes_the_later_checkpoints
     first = tmp_path / "checkpoints/step-1"
     current = TrainerState(run_config={"a": 1}, config_hash="now")
     said, stream = [], RecordedStream(holds=False)
-    args = TrainingArguments(output_dir=str(tmp_path))
-    state = checkpointer.resume(first, model, current, args, stream, said.append)
+    state = checkpointer.resume(first, model, current, False, stream, said.append)
     assert (model.weight == 1.0).all()
     assert (state.step, state.epoch, state.batches_in_epoch) == (1, 0, 2)
     assert (state.run_config, state.config_hash) == ({"a": 1}, "now")
@@ -292,7 +289,7 @@ def test_resume_restores_the_weights_and_state_and_removes_the_later_checkpoints
         "later step-2, step-3",
     ]
     said.clear()
-    checkpointer.resume(first, model, current, args, RecordedStream(holds=True), said.append)
+    checkpointer.resume(first, model, current, False, RecordedStream(holds=True), said.append)
     assert said == [f"egbert: resumed from {first} (step 1, epoch 0, batch 2 of the epoch)"]
 
 
@@ -318,9 +315,8 @@ def test_a_checkpoint_that_runs_code_when_unpickled_is_refused_before_it_runs(
     torch.save(
         {"state": {}, "param_groups": [], "payload": OpensAFile(marker)}, step / "optimizer.bin"
     )
-    current, args = TrainerState(), TrainingArguments(output_dir=str(tmp_path))
     with pytest.raises(CheckpointError) as error:
-        checkpointer.resume(step, model, current, args, None, print)
+        checkpointer.resume(step, model, TrainerState(), False, None, print)
     assert not marker.exists()
     assert str(error.value).startswith(f"cannot load checkpoint {step}: Weights only load failed")
 
@@ -427,8 +423,8 @@ def test_a_run_starts_from_the_newest_complete_checkpoint_or_refuses_to_overwrit
     assert checkpoints_in(tmp_path / "none") == []
     said = []
 
-    def args(**options) -> TrainingArguments:
-        return TrainingArguments(output_dir=str(tmp_path), **options)
+    def args(**options) -> ResumeOptions:
+        return options_for(ResumeOptions, TrainingArguments(output_dir=str(tmp_path), **options))
 
     assert checkpointer.start(args(resume=True), said.append) == folder / "step-10"
     assert said == [] and not (folder / ".tmp-step-12").exists()
@@ -552,7 +548,7 @@ def test_a_file_that_cannot_be_deleted_does_not_stop_a_run(
 
 def test_the_run_config_holds_every_option_and_the_process_count_and_hashes_by_content():
     args = TrainingArguments(output_dir="out", lr=0.1)
-    config = whole_run_config({"model": "bert", "options": {"seq_len": 8}}, args, 2)
+    config = whole_run_config({"model": "bert", "options": {"seq_len": 8}}, asdict(args), 2)
     assert (config["model"], config["num_processes"]) == ("bert", 2)
     assert config["options"]["seq_len"] == 8 and config["options"]["lr"] == 0.1
     assert config["options"].keys() == {"seq_len"} | {f.name for f in fields(TrainingArguments)}

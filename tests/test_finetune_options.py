@@ -416,8 +416,9 @@ def test_a_budget_drives_the_schedule_and_the_batch_ramp(
     trainer = build(*argv, "--batch-size", "4", "--batch-ramp-to", "12").trainer
     trainer.state.elapsed_seconds = 60.0
     assert trainer.scheduler.scheduler.lr_lambdas[0](0) == pytest.approx(0.5)
-    assert batches_per_step(trainer.args, 0, 60.0, trainer.total_steps) == 2
-    assert batches_per_step(trainer.args, 0, 120.0, trainer.total_steps) == 3
+    batching, budget, total = trainer.batching, trainer.length.budget_minutes, trainer.total_steps
+    assert batches_per_step(batching, budget, 0, 60.0, total) == 2
+    assert batches_per_step(batching, budget, 0, 120.0, total) == 3
 
 
 @proves("finetune", "--label-smoothing")
@@ -477,7 +478,7 @@ def test_fp16_checkpointing_and_the_batch_finder_reach_the_trainer(
     layers = [m for m in trainer.model.modules() if hasattr(m, "gradient_checkpointing")]
     assert layers and all(layer.gradient_checkpointing for layer in layers)
     error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
-    assert trainer.batch_fitter.halved(error, trainer.args) == 4
+    assert trainer.batch_fitter.halved(error, trainer.batching.batch_size) == 4
 
 
 @proves("finetune", "--compile", "--compile-mode")

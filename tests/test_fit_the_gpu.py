@@ -27,6 +27,8 @@ from egbert.errors import ConfigError
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining
 from egbert.models.elmo import EgbertElmoConfig, EgbertElmoForBidirectionalLM
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.training.batches import TrainingData
+from egbert.training.model_saving import SavedWithModel
 from egbert.training.runtime import check_bf16_supported
 from egbert.training.trainer import Trainer, enable_gradient_checkpointing
 
@@ -86,7 +88,13 @@ def train(out: Path, model: Harness | nn.Module, **options) -> Trainer:
     defaults["report_to"] = ["none"]
     args = TrainingArguments(output_dir=str(out), **{**defaults, **options})
     run_config = {"model": {"hidden_size": 16}, "seq_len": 8}
-    trainer = Trainer(model, args, tiny_dataset(), NoisyCollator(), run_config=run_config)
+    saved_with_model = SavedWithModel(run_config=run_config)
+    trainer = Trainer(
+        model,
+        TrainingData(tiny_dataset(), NoisyCollator()),
+        args,
+        saved_with_model=saved_with_model,
+    )
     try:
         trainer.train()
     finally:
@@ -180,15 +188,14 @@ def test_bf16_with_fp16_and_bf16_on_a_gpu_without_it_are_refused(tmp_path, monke
         TrainingArguments(output_dir=str(tmp_path), bf16=True, fp16=True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "Tesla T4")
-    args = TrainingArguments(output_dir=str(tmp_path), bf16=True)
     with pytest.raises(ConfigError) as refused:
-        check_bf16_supported(args, "cuda")
+        check_bf16_supported(True, "cuda")
     assert str(refused.value) == (
         "--bf16: this GPU (Tesla T4) has no bf16; train with --fp16 (fp16 with loss scaling) "
         "instead"
     )
-    check_bf16_supported(args, "cpu")  # the CPU runs bf16 autocast
-    check_bf16_supported(TrainingArguments(output_dir=str(tmp_path), fp16=True), "cuda")
+    check_bf16_supported(True, "cpu")  # the CPU runs bf16 autocast
+    check_bf16_supported(None, "cuda")  # --fp16, or bf16 left to the launch config
 
 
 # ---------------------------------------------------------------- gradient checkpointing
@@ -353,7 +360,7 @@ def test_auto_find_batch_size_halves_the_batch_and_trains_the_same_run(tmp_path)
     found = Harness(fits=2)
     trainer = train(tmp_path / "found", found, **options)
     assert found.out_of_memory == 2  # at 8, then at 4
-    assert trainer.state.batch_size_found == 2 and trainer.args.grad_accum == 4
+    assert trainer.state.batch_size_found == 2 and trainer.batching.grad_accum == 4
     log = (tmp_path / "found/train.log").read_text()
     assert (
         "egbert: out of memory at batch 4; --auto-find-batch-size goes on with batch 2 x 4 "

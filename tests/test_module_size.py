@@ -1,8 +1,9 @@
 """The sizes that keep egbert readable (STYLE.md): no module past 700 lines, no function past 60
 (docstrings aside) unless a comment on the line above its `def` says why it reads better whole,
 and a Trainer class of at most 400 lines, the loop and its stages, with the rest in its satellites
-(egbert/training/). A module that long no longer reads top to bottom in a sitting; it is split
-along its seams."""
+(egbert/training/), that takes at most 8 parameters (what belongs together comes as one object:
+its data, its metrics, what is saved with the model). A module that long no longer reads top to
+bottom in a sitting; it is split along its seams."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import egbert
 MODULE_LIMIT = 700
 FUNCTION_LIMIT = 60
 TRAINER_LIMIT = 400
+TRAINER_PARAMETER_LIMIT = 8  # of Trainer.__init__, self aside
 # a comment on the line above a longer function's `def` (or its decorators) that says why
 WHOLE_ON_PURPOSE = "reads better whole"
 
@@ -62,7 +64,8 @@ def test_no_function_is_longer_than_the_limit_unless_a_comment_says_why():
     assert not too_long, f"split these functions (lines over {FUNCTION_LIMIT}): {too_long}"
 
 
-def test_the_trainer_class_is_the_loop_and_its_stages():
+def the_trainer_class() -> tuple[str, ast.ClassDef]:
+    """(module, node) of egbert's one Trainer class."""
     trainers = [
         (name, node)
         for name, text in sources().items()
@@ -70,16 +73,39 @@ def test_the_trainer_class_is_the_loop_and_its_stages():
         if isinstance(node, ast.ClassDef) and node.name == "Trainer"
     ]
     assert len(trainers) == 1, trainers
-    name, trainer = trainers[0]
+    return trainers[0]
+
+
+def parameters(function: ast.FunctionDef) -> list[str]:
+    """The names a call can pass, self aside: positional, keyword-only, *args and **kwargs."""
+    arguments = function.args
+    named = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+    named += [star for star in (arguments.vararg, arguments.kwarg) if star is not None]
+    return [argument.arg for argument in named if argument.arg != "self"]
+
+
+def test_the_trainer_class_is_the_loop_and_its_stages():
+    name, trainer = the_trainer_class()
     assert lines_without_docstring(trainer) <= TRAINER_LIMIT, name
+
+
+def test_the_trainer_takes_what_it_needs_in_few_parameters():
+    name, trainer = the_trainer_class()
+    methods = [node for node in trainer.body if isinstance(node, ast.FunctionDef)]
+    init = next(method for method in methods if method.name == "__init__")
+    taken = parameters(init)
+    assert len(taken) <= TRAINER_PARAMETER_LIMIT, f"{name}: Trainer.__init__ takes {taken}"
 
 
 def test_the_walk_measures_what_it_names():
     """The counts above are the AST's: a 3-line body under a 2-line docstring is 4 lines, a
-    comment above the def excuses it, and the limit's own constant is the one compared."""
+    comment above the def excuses it, the limit's own constant is the one compared, and a
+    function's parameters are every name a call can pass, self aside."""
     text = 'def f():\n    """Doc\n    string."""\n    a = 1\n    b = 2\n    return a + b\n'
     node = ast.parse(text).body[0]
     assert lines_without_docstring(node) == 4
     assert not said_why(text.splitlines(), node)
     excused = f"# {WHOLE_ON_PURPOSE}: one recipe\n" + text
     assert said_why(excused.splitlines(), ast.parse(excused).body[0])
+    every_kind = ast.parse("def g(self, a, /, b, *rest, c, **options): pass").body[0]
+    assert parameters(every_kind) == ["a", "b", "c", "rest", "options"]

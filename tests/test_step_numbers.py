@@ -219,15 +219,14 @@ def test_a_plain_output_logs_its_loss_alone():
 def test_processes_agree_each_step_only_to_skip_a_step_or_share_a_budget(
     skip_nonfinite, budget_minutes, processes, each_step
 ):
-    args = SimpleNamespace(skip_nonfinite=skip_nonfinite, budget_minutes=budget_minutes)
-    assert agrees_each_step(args, processes) is each_step
+    assert agrees_each_step(skip_nonfinite, budget_minutes, processes) is each_step
 
 
 def test_the_clock_is_the_wall_clock_unless_a_run_is_replayed():
-    wall = training_clock(SimpleNamespace(compile=True, replay_clock=None), None, None)
+    wall = training_clock(True, None, None, None)
     assert isinstance(wall, TrainingClock) and wall.compiling
-    args = SimpleNamespace(compile=False, replay_clock="runs/first")
-    replayed = training_clock(args, [1.0, 2.0], SimpleNamespace(clock_readings=[1.0]))
+    state = SimpleNamespace(clock_readings=[1.0])
+    replayed = training_clock(False, "runs/first", [1.0, 2.0], state)
     assert replayed.advance(0.0, torch.device("cpu"), print) == 2.0  # goes on after step 1
     with pytest.raises(TrainingError, match=r"^--replay-clock runs/first: that run ended"):
         replayed.advance(0.0, torch.device("cpu"), print)

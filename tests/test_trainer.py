@@ -36,10 +36,17 @@ from egbert.errors import CheckpointError, ConfigError, TrainingError
 from egbert.finetune.run import parse_finetune_args
 from egbert.pretrain.collators import MLMCollator
 from egbert.tokenizer import load_tokenizer
-from egbert.training.batches import epochs_done, real_tokens, sequence_length
+from egbert.training.batches import Batching, TrainingData, epochs_done, padded_length, real_tokens
 from egbert.training.checkpoints import TrainerState
-from egbert.training.model_saving import BestModel, run_model_card, save_model_folder
+from egbert.training.model_saving import (
+    BestModel,
+    SavedWithModel,
+    run_model_card,
+    save_model_folder,
+)
 from egbert.training.optimization import (
+    RunLength,
+    Schedule,
     accumulation_text,
     batches_per_step,
     lr_multiplier,
@@ -51,7 +58,7 @@ from egbert.training.optimization import (
     warmup_length,
 )
 from egbert.training.runtime import bf16_pays_off, matmul_gflops
-from egbert.training.trainer import Trainer
+from egbert.training.trainer import Trainer, options_for
 
 VOCAB = 40
 POISON = VOCAB - 1  # a token whose embedding row is NaN in the non-finite tests
@@ -155,15 +162,14 @@ def make_trainer(
     defaults = {"lr": 3e-2, "batch_size": 4, "max_steps": 6, "log_every": 1, "seed": 1}
     args = TrainingArguments(output_dir=str(out), **{**defaults, **options})
     eval_data = tiny_dataset(eval_size) if eval_size else None
-    return Trainer(
-        model,
-        args,
+    data = TrainingData(
         tiny_dataset(size, poison_index=poison),
         NoisyCollator(noise, sleep=sleep),
-        eval_dataset=eval_data,
+        eval=eval_data,
         eval_collator=NoisyCollator(0.0) if eval_size else None,
-        run_config=run_config or {"model": {"hidden_size": 16}, "seq_len": 8},
     )
+    run_config = run_config or {"model": {"hidden_size": 16}, "seq_len": 8}
+    return Trainer(model, data, args, saved_with_model=SavedWithModel(run_config=run_config))
 
 
 def epoch_order(size: int, seed: int, epoch: int) -> list[int]:
@@ -227,12 +233,14 @@ def test_progress_is_the_larger_of_the_budget_and_the_steps_done(tmp_path):
     args = TrainingArguments(
         output_dir=str(tmp_path), budget_minutes=2, max_steps=100, batch_size=4, batch_ramp_to=12
     )
-    assert run_progress(args, 0, 30.0, 100) == pytest.approx(0.25)  # 30 s of 120
-    assert run_progress(args, 80, 30.0, 100) == pytest.approx(0.8)  # 80 steps of 100
-    assert [batches_per_step(args, 0, seconds, 100) for seconds in (0, 60, 120)] == [1, 2, 3]
-    assert batches_per_step(args, 100, 0.0, 100) == 3
-    assert batches_per_step(args, 0, 240.0, 100) == 3  # past the budget: the ramp's end
-    assert accumulation_text(args) == "1 to 3 accumulation (batch ramp)"
+    budget, batching = args.budget_minutes, options_for(Batching, args)
+    assert run_progress(budget, 0, 30.0, 100) == pytest.approx(0.25)  # 30 s of 120
+    assert run_progress(budget, 80, 30.0, 100) == pytest.approx(0.8)  # 80 steps of 100
+    ramp = [batches_per_step(batching, budget, 0, seconds, 100) for seconds in (0, 60, 120)]
+    assert ramp == [1, 2, 3]
+    assert batches_per_step(batching, budget, 100, 0.0, 100) == 3
+    assert batches_per_step(batching, budget, 0, 240.0, 100) == 3  # past the budget: its end
+    assert accumulation_text(batching) == "1 to 3 accumulation (batch ramp)"
 
 
 def test_a_budget_runs_the_schedule_in_seconds_with_its_warmup_share(tmp_path):
@@ -242,16 +250,17 @@ def test_a_budget_runs_the_schedule_in_seconds_with_its_warmup_share(tmp_path):
     args = TrainingArguments(
         output_dir=str(tmp_path), budget_minutes=2, max_steps=100, warmup_steps=0.25
     )
-    warmup = warmup_length(args, 100)
+    warmup = warmup_length(args.warmup_steps, args.warmup_is_ratio, args.budget_minutes, 100)
     assert warmup == pytest.approx(30.0)
-    assert lr_multiplier(args, 0, 15.0, 100, warmup, None) == pytest.approx(0.5, rel=1e-9)
+    schedule = Schedule("linear", 100, warmup, True, args.budget_minutes, None)
+    assert lr_multiplier(schedule, 0, 15.0) == pytest.approx(0.5, rel=1e-9)
     after = (0.6 * 120 - 30) / (120 - 30)
-    assert lr_multiplier(args, 60, 15.0, 100, warmup, None) == pytest.approx(1 - after, rel=1e-9)
+    assert lr_multiplier(schedule, 60, 15.0) == pytest.approx(1 - after, rel=1e-9)
 
 
 def test_a_run_without_a_length_is_one_epoch(tmp_path):
-    assert total_steps(TrainingArguments(output_dir=str(tmp_path)), 7) == 7
-    assert total_steps(TrainingArguments(output_dir=str(tmp_path), epochs=3), 7) == 21
+    assert total_steps(RunLength(epochs=None, max_steps=None, budget_minutes=None), 7) == 7
+    assert total_steps(RunLength(epochs=3, max_steps=None, budget_minutes=None), 7) == 21
 
 
 def test_noam_rule():
@@ -310,7 +319,7 @@ def test_bad_options_are_config_errors(tmp_path):
 
 def test_warmup_ratio_and_inverse_sqrt_drive_the_optimizer(tmp_path):
     trainer = make_trainer(tmp_path / "ratio", warmup_steps=0.5, max_steps=8)
-    assert trainer.warmup == 4
+    assert trainer.schedule.warmup == 4
     trainer.train()
     lrs = [r["lr"] for r in trainer.log.records() if r["split"] == "train"]
     assert lrs == pytest.approx([3e-2 * m for m in (0, 0.25, 0.5, 0.75, 1, 0.75, 0.5, 0.25)])
@@ -374,7 +383,8 @@ def test_masks_are_drawn_anew_each_epoch_through_the_trainer(tmp_path, tiny_toke
         output_dir=str(tmp_path), batch_size=4, epochs=2, seed=1, report_to="none", num_workers=0
     )  # collated in this process (a GPU's default loader workers would record in theirs)
     torch.manual_seed(0)
-    Trainer(TinyLM(TinyConfig(vocab_size=len(tokenizer))), args, examples, collator).train()
+    model = TinyLM(TinyConfig(vocab_size=len(tokenizer)))
+    Trainer(model, TrainingData(examples, collator), args).train()
     assert len(collator.masked) == 8
     for first, second in collator.masked.values():
         assert any(first) and any(second) and first != second
@@ -472,7 +482,9 @@ class PlainLM(TinyLM):
 def test_label_smoothing_is_refused_for_a_model_that_cannot_take_it(tmp_path):
     def trainer(**options) -> Trainer:
         args = TrainingArguments(output_dir=str(tmp_path), batch_size=4, max_steps=1, **options)
-        return Trainer(PlainLM(TinyConfig()), args, tiny_dataset(8), NoisyCollator(0.0))
+        return Trainer(
+            PlainLM(TinyConfig()), TrainingData(tiny_dataset(8), NoisyCollator(0.0)), args
+        )
 
     with pytest.raises(ConfigError, match="PlainLM's forward takes no label_smoothing"):
         trainer(label_smoothing=0.1)
@@ -513,7 +525,9 @@ BEST_BY_NAME = [
 
 def best_step_of(args: TrainingArguments, values: list[float]) -> int | None:
     """The step whose model BestModel keeps when evaluations at steps 1, 2, ... give `values`."""
-    best = BestModel(args, Path("best"), lambda folder, write_extras: None, lambda folder: None)
+    save, write_extras = (lambda folder, write_extras: None), (lambda folder: None)
+    metric, greater = args.metric_for_best_model, args.greater_is_better
+    best = BestModel(metric, greater, Path("best"), save, write_extras)
     state = TrainerState()
     for step, value in enumerate(values, start=1):
         state.step = step
@@ -540,7 +554,8 @@ def test_the_best_model_folder_holds_its_extras_and_loads_onto_ddp_s_cpu_device(
         write_extras(folder)
 
     extras = lambda folder: (folder / "extra.txt").write_text("written")  # noqa: E731
-    best, state = BestModel(args, tmp_path / "best", save, extras), TrainerState()
+    best = BestModel(args.metric_for_best_model, None, tmp_path / "best", save, extras)
+    state = TrainerState()
     assert not best.kept(state)
     message = "--metric-for-best-model 'accuracy' is not an eval metric; choose from loss, score"
     with pytest.raises(ConfigError) as refused:
@@ -713,7 +728,7 @@ def test_budget_stops_on_time_with_the_schedule_at_zero(tmp_path):
         (tmp_path / f"checkpoints/step-{result.step}/trainer_state.json").read_text()
     )
     assert state["elapsed_seconds"] >= budget_s
-    assert trainer.warmup == pytest.approx(0.1 * budget_s)
+    assert trainer.schedule.warmup == pytest.approx(0.1 * budget_s)
     assert schedule_multiplier("cosine", budget_s, budget_s, 0.3) == 0.0
     # Replayed with that run's clock, a run whose steps take no time (no sleeping collator) ends
     # at the same step with the same lr at every step, and the same weights.
@@ -806,15 +821,15 @@ def test_cpu_training_keeps_freed_memory_in_the_process(
 # ---------------------------------------------------------------- batches' bookkeeping
 
 
-def test_epochs_done_to_four_places_and_a_batchs_sequence_length():
+def test_epochs_done_to_four_places_and_a_batchs_padded_length():
     loader = [None] * 3  # what epochs_done asks of a loader: its length
     assert epochs_done(1, 1, loader) == 1.3333  # 1 + 1/3, rounded to 4 places
     assert epochs_done(0, 2, loader) == 0.6667
     whole = epochs_done(0, 3, loader)  # the last step ends its epoch: 1, as an int (logs "1")
     assert whole == 1 and type(whole) is int
     assert epochs_done(2, 5, iter(())) == 2  # a stream has no length: the epoch alone
-    assert sequence_length({"input_ids": torch.zeros(4, 37, dtype=torch.long)}) == 37
-    assert sequence_length({"labels": torch.zeros(4, 37)}) == 0
+    assert padded_length({"input_ids": torch.zeros(4, 37, dtype=torch.long)}) == 37
+    assert padded_length({"labels": torch.zeros(4, 37)}) == 0
 
 
 def test_real_tokens_are_the_attention_masks_sum_else_every_input_id():

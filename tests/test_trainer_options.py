@@ -22,6 +22,8 @@ from test_trainer import NoisyCollator, TinyConfig, TinyLM, tiny_dataset
 
 from egbert.config import TrainingArguments
 from egbert.pretrain.run import parse_pretrain_args
+from egbert.training.batches import TrainingData
+from egbert.training.model_saving import SavedWithModel
 from egbert.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_fresh_accelerate")
@@ -39,14 +41,12 @@ def options(out: Path, *argv: str) -> TrainingArguments:
 def trainer_of(args: TrainingArguments, size: int = 24, eval_size: int = 0, **model) -> Trainer:
     """A Trainer of TinyLM (no dropout unless given) on `size` noiseless sequences."""
     torch.manual_seed(0)
-    evaluation = {"eval_dataset": tiny_dataset(eval_size), "eval_collator": NoisyCollator(0.0)}
+    evaluation = {"eval": tiny_dataset(eval_size), "eval_collator": NoisyCollator(0.0)}
     return Trainer(
         TinyLM(TinyConfig(**{"dropout": 0.0, **model})),
+        TrainingData(tiny_dataset(size), NoisyCollator(0.0), **(evaluation if eval_size else {})),
         args,
-        tiny_dataset(size),
-        NoisyCollator(0.0),
-        run_config={"model": {"hidden_size": 16}},
-        **(evaluation if eval_size else {}),
+        saved_with_model=SavedWithModel(run_config={"model": {"hidden_size": 16}}),
     )
 
 
@@ -296,12 +296,15 @@ def test_resume_goes_on_to_the_weights_of_an_uninterrupted_run(tmp_path):
     argv = ["--schedule", "constant", "--lr", "0.05", "--save-every", "2"]
     uninterrupted = options(tmp_path / "whole", *argv, "--max-steps", "4")
     torch.manual_seed(0)
-    Trainer(TinyLM(TinyConfig()), uninterrupted, tiny_dataset(24), NoisyCollator(0.2)).train()
+    data = TrainingData(tiny_dataset(24), NoisyCollator(0.2))
+    Trainer(TinyLM(TinyConfig()), data, uninterrupted).train()
     for seed, steps, resume in ((0, "2", []), (1, "4", ["--resume"])):
         fresh_accelerate()
         args = options(tmp_path / "resumed", *argv, "--max-steps", steps, *resume)
         torch.manual_seed(seed)  # the resumed run's weights must come from the checkpoint
-        Trainer(TinyLM(TinyConfig()), args, tiny_dataset(24), NoisyCollator(0.2)).train()
+        Trainer(
+            TinyLM(TinyConfig()), TrainingData(tiny_dataset(24), NoisyCollator(0.2)), args
+        ).train()
     whole = load_file(tmp_path / "whole/model/model.safetensors")
     resumed = load_file(tmp_path / "resumed/model/model.safetensors")
     for name, tensor in whole.items():

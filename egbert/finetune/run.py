@@ -84,6 +84,9 @@ from egbert.models.convert import convert_checkpoint
 from egbert.outputs import check_output_folder
 from egbert.report import ModelCardInfo
 from egbert.tokenizer import check_vocab_matches, load_tokenizer
+from egbert.training.batches import TrainingData
+from egbert.training.evaluator import EvalMetrics
+from egbert.training.model_saving import SavedWithModel
 from egbert.training.runtime import check_trackers_installed
 from egbert.training.trainer import Trainer
 
@@ -458,15 +461,18 @@ def finetuning_trainer(
     training = TrainingArguments(**{**asdict(training), "output_dir": str(output_dir)})
     trainer = Trainer(
         model,
+        TrainingData(
+            train=train_set,
+            collator=DataCollatorWithPadding(tokenizer),
+            eval=dev_sets if len(dev_sets) > 1 else dev_sets[dev_names[0]],
+        ),
         training,
-        train_dataset=train_set,
-        data_collator=DataCollatorWithPadding(tokenizer),
-        eval_dataset=dev_sets if len(dev_sets) > 1 else dev_sets[dev_names[0]],
-        compute_metrics=dev_metrics,
-        finalize_metrics=with_score,
-        run_config={"options": asdict(args), "task": task.name},
-        tokenizer=tokenizer,
-        card=model_card_info(task, args),
+        metrics=EvalMetrics(compute_metrics=dev_metrics, finalize_metrics=with_score),
+        saved_with_model=SavedWithModel(
+            run_config={"options": asdict(args), "task": task.name},
+            tokenizer=tokenizer,
+            card=model_card_info(task, args),
+        ),
         epoch_ends=True,  # evaluate on dev and checkpoint after every epoch, unless asked
     )
     return TaskTrainer(

@@ -73,7 +73,10 @@ from egbert.pretrain.options import (
 )
 from egbert.report import ModelCardInfo
 from egbert.tokenizer import check_vocab_matches, load_tokenizer, tokenizer_for_model
+from egbert.training.batches import TrainingData
 from egbert.training.checkpoints import checkpoint_to_resume, refuse_changed_run
+from egbert.training.evaluator import EvalMetrics
+from egbert.training.model_saving import SavedWithModel
 from egbert.training.runtime import check_trackers_installed
 from egbert.training.trainer import Trainer, TrainOutput
 
@@ -240,21 +243,19 @@ def pretraining_trainer(
     ]
     trainer = Trainer(
         model,
+        TrainingData(data.train, data.collator, data.eval, data.eval_collator),
         training_args,
-        data.train,
-        data.collator,
-        eval_dataset=data.eval,
-        eval_collator=data.eval_collator,
-        batch_metrics=batch_metrics,
-        finalize_metrics=finalize_metrics,
-        run_config=identity,
-        tokenizer=tokenizer_for_model(tokenizer, model.config, data_args.seq_len),
-        card=ModelCardInfo(
-            pipeline_tag=PIPELINE_TAGS[family],
-            license=model_args.license,
-            datasets=data_args.card_datasets,
-            description=f"An egbert {family} model pretrained from scratch with "
-            f"`egbert pretrain` ({type(model).__name__}).",
+        metrics=EvalMetrics(batch_metrics=batch_metrics, finalize_metrics=finalize_metrics),
+        saved_with_model=SavedWithModel(
+            run_config=identity,
+            tokenizer=tokenizer_for_model(tokenizer, model.config, data_args.seq_len),
+            card=ModelCardInfo(
+                pipeline_tag=PIPELINE_TAGS[family],
+                license=model_args.license,
+                datasets=data_args.card_datasets,
+                description=f"An egbert {family} model pretrained from scratch with "
+                f"`egbert pretrain` ({type(model).__name__}).",
+            ),
         ),
         flops_per_token=model_flops_per_token(model, family, objective_args),
     )

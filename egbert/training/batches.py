@@ -30,69 +30,88 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from egbert.config import TrainingArguments
 from egbert.errors import ConfigError, DataError, TrainingError
 
 
-def loader_workers(args: TrainingArguments, device: torch.device) -> int:
+@dataclasses.dataclass
+class TrainingData:
+    """What a Trainer trains and evaluates on.
+
+    train: a map-style dataset (shuffled each epoch) or an IterableDataset (streamed).
+    collator: list of examples -> dict of tensors, the keyword arguments of model(...); its
+        `set_epoch(epoch)`, where it has one, is called each epoch.
+    eval: one evaluation set, or {name: set} (each one's metrics prefixed `name_`); None: none.
+    eval_collator: the evaluation sets' collator (None: `collator`).
+    """
+
+    train: Dataset | IterableDataset
+    collator: Callable[[list[Any]], dict[str, Any]]
+    eval: Dataset | dict[str, Dataset] | None = None
+    eval_collator: Callable[[list[Any]], dict[str, Any]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Batching:
+    """How a run batches its data: the TrainingArguments fields of these names (what
+    --auto-find-batch-size changes of them is BatchFitter's)."""
+
+    batch_size: int
+    grad_accum: int
+    batch_ramp_to: int | None
+    seed: int
+    num_workers: int | None
+    group_by_length: bool
+
+
+def loader_workers(num_workers: int | None, device: torch.device) -> int:
     """--num-workers, else 2 on a GPU (collating beside the step pays there) and 0 on the CPU
     (where workers take cores from the step itself; docs/performance.md)."""
-    if args.num_workers is not None:
-        return args.num_workers
+    if num_workers is not None:
+        return num_workers
     return 0 if device.type == "cpu" else 2
 
 
-def loader_options(args: TrainingArguments, collator: Callable, device: torch.device) -> dict:
+def loader_options(batching: Batching, collator: Callable, device: torch.device) -> dict:
     """What every loader of a run shares: batch size, collator, workers, pinning and seed."""
     return {
-        "batch_size": args.batch_size,
+        "batch_size": batching.batch_size,
         "collate_fn": collator,
-        "num_workers": loader_workers(args, device),
+        "num_workers": loader_workers(batching.num_workers, device),
         # pinned batches let Accelerate copy them to the GPU without waiting for the step before
         "pin_memory": device.type == "cuda",
         # The loader draws its workers' base seed from this generator, not the global RNG,
         # which must advance only with the model's own random ops (dropout) for exact resume.
-        "generator": torch.Generator().manual_seed(args.seed),
+        "generator": torch.Generator().manual_seed(batching.seed),
     }
 
 
 def train_loader(
     dataset: Dataset | IterableDataset,
-    args: TrainingArguments,
+    batching: Batching,
     collator: Callable,
     device: torch.device,
 ) -> DataLoader:
     """The training batches: a map-style dataset shuffled (Accelerate's seedable sampler, once
-    prepared) or length-grouped (--group-by-length), a streaming one in order."""
-    options = loader_options(args, collator, device)
-    if args.batch_ramp_to is not None and args.budget_minutes is None and not args.max_steps:
-        # epochs hold fewer batches per step at the start than at the end: no fixed length
-        raise ConfigError(
-            f"--batch-ramp-to {args.batch_ramp_to} needs a run length: --budget-minutes or "
-            "--max-steps"
-        )
+    prepared) or length-grouped (--group-by-length), a streaming one in order (its length
+    checked first: optimization.check_run_length)."""
+    options = loader_options(batching, collator, device)
     if isinstance(dataset, IterableDataset):
-        if args.max_steps is None and (args.budget_minutes is None or args.epochs is not None):
-            raise ConfigError(
-                "streaming training data has no length; give --max-steps, or "
-                "--budget-minutes without --epochs"
-            )
-        if args.group_by_length:
+        if batching.group_by_length:
             raise ConfigError("--group-by-length needs map-style data: drop --streaming")
         if isinstance(dataset, datasets.IterableDataset):
-            if args.num_workers:
+            if workers := batching.num_workers:
                 raise ConfigError(
-                    f"--num-workers {args.num_workers} with a stream: its position for --resume "
-                    "is kept by the main process's reader; drop --num-workers (each training "
-                    "process already reads its own shards)"
+                    f"--num-workers {workers} with a stream: its position for --resume is kept "
+                    "by the main process's reader; drop --num-workers (each training process "
+                    "already reads its own shards)"
                 )
             options["num_workers"] = 0
         return DataLoader(dataset, **options)
     if len(dataset) == 0:
         raise DataError("the training data set is empty; check the training files")
-    if args.group_by_length:
-        step = args.batch_size * args.grad_accum
-        sampler = LengthGroupedEpochs(example_lengths(dataset), step, args.seed)
+    if batching.group_by_length:
+        step = batching.batch_size * batching.grad_accum
+        sampler = LengthGroupedEpochs(example_lengths(dataset), step, batching.seed)
         return DataLoader(dataset, sampler=sampler, **options)
     return DataLoader(dataset, shuffle=True, **options)
 
@@ -135,10 +154,10 @@ def example_lengths(dataset: Dataset) -> list[int]:
 
 
 def eval_loader(
-    dataset: Dataset, args: TrainingArguments, collator: Callable, accelerator: Accelerator
+    dataset: Dataset, batching: Batching, collator: Callable, accelerator: Accelerator
 ) -> DataLoader:
     """An evaluation or prediction set's batches, in order, split between the processes."""
-    options = loader_options(args, collator, accelerator.device)
+    options = loader_options(batching, collator, accelerator.device)
     return accelerator.prepare(DataLoader(dataset, **options))
 
 
@@ -204,7 +223,7 @@ def split_stream(
 
 def stream_loader(
     stream: datasets.IterableDataset,
-    args: TrainingArguments,
+    batching: Batching,
     collator: Callable,
     accelerator: Accelerator,
     message: Callable[[str], None],
@@ -222,7 +241,7 @@ def stream_loader(
             )
         stream = split_stream(stream, accelerator.process_index, processes)
     position = StreamPosition(stream, collator)
-    loader = train_loader(stream, args, position, accelerator.device)
+    loader = train_loader(stream, batching, position, accelerator.device)
     prepared = prepare_data_loader(
         loader,
         device=accelerator.device,
@@ -244,7 +263,7 @@ def real_tokens(batch: dict[str, Any]) -> torch.Tensor | int:
     return 0
 
 
-def sequence_length(batch: dict[str, Any]) -> int:
+def padded_length(batch: dict[str, Any]) -> int:
     """The batch's padded length (a shape, known on the host), which the attention FLOPs scale
     with; 0 for a batch without input_ids."""
     ids = batch.get("input_ids")
@@ -266,25 +285,34 @@ def epochs_done(epoch: int, batches_in_epoch: int, loader: DataLoader) -> float:
     return int(done) if done.is_integer() else done
 
 
+def training_batches(
+    accelerator: Accelerator,
+    dataset: Dataset | datasets.IterableDataset,
+    batching: Batching,
+    collator: Callable,
+    message: Callable[[str], None],
+) -> tuple[DataLoader, StreamPosition | None]:
+    """The training batches and a stream's position (None for map-style data): a stream is
+    split between the processes by stream_loader (its loader is not prepared again), map-style
+    data by Accelerate's prepare (prepare_training)."""
+    if isinstance(dataset, datasets.IterableDataset):
+        return stream_loader(dataset, batching, collator, accelerator, message)
+    return train_loader(dataset, batching, collator, accelerator.device), None
+
+
 def prepare_training(
     accelerator: Accelerator,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    dataset: Dataset | datasets.IterableDataset,
-    args: TrainingArguments,
-    collator: Callable,
-    message: Callable[[str], None],
-) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataLoader, StreamPosition | None]:
-    """Accelerate's prepare of the model, the optimizer and the training batches, and a
-    stream's position (None for map-style data): a stream is split between the processes by
-    stream_loader, not by prepare."""
-    if isinstance(dataset, datasets.IterableDataset):
+    loader: DataLoader,
+    stream: StreamPosition | None,
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataLoader]:
+    """Accelerate's prepare of the model, the optimizer and the training batches (a stream's,
+    split by stream_loader already, as they are)."""
+    if stream is not None:
         model, optimizer = accelerator.prepare(model, optimizer)
-        loader, stream = stream_loader(dataset, args, collator, accelerator, message)
-        return model, optimizer, loader, stream
-    loader = train_loader(dataset, args, collator, accelerator.device)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    return model, optimizer, loader, None
+        return model, optimizer, loader
+    return accelerator.prepare(model, optimizer, loader)
 
 
 def epoch_batches(
@@ -320,48 +348,51 @@ class BatchFitter:
         accelerator: Accelerator,
         dataset: Dataset | IterableDataset,
         collator: Callable,
-        args: TrainingArguments,
+        auto_find_batch_size: bool,
     ) -> None:
         self.accelerator, self.dataset, self.collator = accelerator, dataset, collator
-        if args.auto_find_batch_size and isinstance(
-            dataset, IterableDataset | datasets.IterableDataset
-        ):
+        self.enabled = auto_find_batch_size
+        if auto_find_batch_size and isinstance(dataset, IterableDataset | datasets.IterableDataset):
             raise ConfigError("--auto-find-batch-size needs map-style data: drop --streaming")
-        if args.auto_find_batch_size and accelerator.num_processes > 1:
+        if auto_find_batch_size and accelerator.num_processes > 1:
             raise ConfigError(
                 "--auto-find-batch-size works on one process; with several, find the batch on "
                 "one first and pass it as --batch-size"
             )
 
-    def halved(self, error: RuntimeError, args: TrainingArguments) -> int:
-        """The batch size after `error` in a training step: half of --batch-size when the
-        error is an out-of-memory that --auto-find-batch-size may answer; else `error` again."""
-        if not (args.auto_find_batch_size and should_reduce_batch_size(error)):
+    def halved(self, error: RuntimeError, batch_size: int) -> int:
+        """The batch size after `error` in a training step on batches of `batch_size`: half of
+        it when the error is an out-of-memory that --auto-find-batch-size may answer; else
+        `error` again."""
+        if not (self.enabled and should_reduce_batch_size(error)):
             raise error
-        if args.batch_size % 2:
+        if batch_size % 2:
             raise TrainingError(
-                f"out of memory at batch {args.batch_size}, which --auto-find-batch-size cannot "
+                f"out of memory at batch {batch_size}, which --auto-find-batch-size cannot "
                 "halve into equal batches; pass an even --batch-size"
             ) from error
-        return args.batch_size // 2
+        return batch_size // 2
 
-    def fit(self, args: TrainingArguments, size: int) -> tuple[TrainingArguments, DataLoader]:
-        """The options and the training batches of batches of `size` (a divisor of
-        args.batch_size), accumulated to the same examples a step."""
-        factor = args.batch_size // size
-        args = dataclasses.replace(args, batch_size=size, grad_accum=args.grad_accum * factor)
-        loader = train_loader(self.dataset, args, self.collator, self.accelerator.device)
-        return args, self.accelerator.prepare(loader)
+    def fit(self, batching: Batching, size: int) -> tuple[Batching, DataLoader]:
+        """The batching and the training batches of batches of `size` (a divisor of
+        batching.batch_size), accumulated to the same examples a step."""
+        factor = batching.batch_size // size
+        batching = dataclasses.replace(
+            batching, batch_size=size, grad_accum=batching.grad_accum * factor
+        )
+        loader = train_loader(self.dataset, batching, self.collator, self.accelerator.device)
+        return batching, self.accelerator.prepare(loader)
 
 
-def fitted_message(args: TrainingArguments, step: int, found_before: bool) -> str:
+def fitted_message(batching: Batching, step: int, found_before: bool) -> str:
     """What a run says when it trains on in the batches --auto-find-batch-size fitted: found
     now, after an out-of-memory, or `found_before` it (a resumed run)."""
-    fitted = f"batch {args.batch_size} x {args.grad_accum} accumulation"
-    same = f"the same {args.batch_size * args.grad_accum} examples a step"
+    size, accumulation = batching.batch_size, batching.grad_accum
+    fitted = f"batch {size} x {accumulation} accumulation"
+    same = f"the same {size * accumulation} examples a step"
     if found_before:
         return f"egbert: --auto-find-batch-size: going on with the {fitted} found ({same})"
     return (
-        f"egbert: out of memory at batch {args.batch_size * 2}; --auto-find-batch-size goes on "
+        f"egbert: out of memory at batch {size * 2}; --auto-find-batch-size goes on "
         f"with {fitted} from step {step + 1} ({same})"
     )

@@ -19,7 +19,7 @@ import shutil
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +192,15 @@ def write_failure(error: OSError, output_dir: Path, latest: Path | None) -> Chec
     )
 
 
+@dataclass(frozen=True)
+class ResumeOptions:
+    """Where a run starts (Checkpointer.start): the TrainingArguments fields of these names."""
+
+    resume: bool
+    resume_from_checkpoint: str | None
+    overwrite_output_dir: bool
+
+
 class Checkpointer:
     """A run's `checkpoints/step-N` folders through Accelerate's `save_state`/`load_state`:
     written into a temp folder, flushed and renamed once every process has written its part,
@@ -214,22 +223,22 @@ class Checkpointer:
         found = checkpoints_in(self.folder)
         return found[-1][1] if found else None
 
-    def start(self, args: Any, say: Callable[[str], None]) -> Path | None:
-        """The checkpoint a run with TrainingArguments `args` resumes from (None: it starts
-        anew), after removing what a run killed mid-save left (`start_point` says which)."""
+    def start(self, options: ResumeOptions, say: Callable[[str], None]) -> Path | None:
+        """The checkpoint a run with these `options` resumes from (None: it starts anew), after
+        removing what a run killed mid-save left (`start_point` says which)."""
         self.clean_leftovers(self.folder.parent)
-        latest, note = self.start_point(args)
+        latest, note = self.start_point(options)
         if note:
             say(note)
         return latest
 
-    def start_point(self, args: Any) -> tuple[Path | None, str | None]:
-        """Where a run with TrainingArguments `args` starts: the checkpoint to resume from
-        (None: anew) and what to say of it. Checkpoints there from an earlier run are refused,
-        unless the run resumes or `overwrite_output_dir` (then they are removed)."""
+    def start_point(self, options: ResumeOptions) -> tuple[Path | None, str | None]:
+        """Where a run with these `options` starts: the checkpoint to resume from (None: anew)
+        and what to say of it. Checkpoints there from an earlier run are refused, unless the run
+        resumes or `overwrite_output_dir` (then they are removed)."""
         output_dir = self.folder.parent
-        earlier = self.remove_after(-1) if args.overwrite_output_dir else []
-        latest = checkpoint_to_resume(output_dir, args.resume, args.resume_from_checkpoint)
+        earlier = self.remove_after(-1) if options.overwrite_output_dir else []
+        latest = checkpoint_to_resume(output_dir, options.resume, options.resume_from_checkpoint)
         if self.latest() is not None and latest is None:
             raise ConfigError(
                 f"{output_dir} already holds checkpoints; pass --resume to continue that run, "
@@ -240,7 +249,7 @@ class Checkpointer:
                 f"egbert: --overwrite-output-dir: removed the earlier run's checkpoints "
                 f"{', '.join(earlier)} from {self.folder}"
             )
-        if latest is None and args.resume:
+        if latest is None and options.resume:
             return None, f"egbert: no checkpoint in {self.folder}; starting"
         return latest, None
 
@@ -336,15 +345,15 @@ class Checkpointer:
         checkpoint: Path,
         model: torch.nn.Module,
         current: TrainerState,
-        args: Any,
+        resume_anyway: bool,
         stream: StreamPosition | None,
         say: Callable[[str], None],
     ) -> TrainerState:
         """Go on from `checkpoint` as it left off, if the run config it was saved with is the
-        `current` state's (or --resume-anyway): weights, optimizer, scheduler and RNG restored,
-        the stream's position too, and the later checkpoints of the run removed (a branch this
-        run trains again); returns the trainer state saved with it."""
-        saved = refuse_changed_run(checkpoint, current.run_config, args.resume_anyway)
+        `current` state's (or `resume_anyway`: --resume-anyway): weights, optimizer, scheduler
+        and RNG restored, the stream's position too, and the later checkpoints of the run
+        removed (a branch this run trains again); returns the trainer state saved with it."""
+        saved = refuse_changed_run(checkpoint, current.run_config, resume_anyway)
         self._load_state(checkpoint, model)
         process = self.accelerator.process_index
         if stream is not None and not stream.load(checkpoint, process):
@@ -472,12 +481,14 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     return refused
 
 
-def whole_run_config(run_config: dict[str, Any], args: Any, num_processes: int) -> dict[str, Any]:
+def whole_run_config(
+    run_config: dict[str, Any], trainer_options: dict[str, Any], num_processes: int
+) -> dict[str, Any]:
     """What defines a run, saved with each checkpoint and compared on resume: the job's
-    `run_config`, with every option, the job's and the trainer's TrainingArguments `args` (a
-    resume may change only a few), and the number of processes (the data each one sees
-    depends on it)."""
-    options = {**run_config.get(OPTIONS, {}), **asdict(args)}
+    `run_config`, with every option, the job's and the trainer's (`trainer_options`: each field
+    of its TrainingArguments; a resume may change only a few), and the number of processes (the
+    data each one sees depends on it)."""
+    options = {**run_config.get(OPTIONS, {}), **trainer_options}
     return {**run_config, OPTIONS: options, "num_processes": num_processes}
 
 

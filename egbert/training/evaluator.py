@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,43 +19,52 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset
 from transformers import EvalPrediction
 
-from egbert.config import TrainingArguments
-from egbert.training.batches import batch_size, eval_loader
+from egbert.training.batches import Batching, TrainingData, batch_size, eval_loader
 
 # (batch, outputs) -> {metric name: (sum, count)}: summed over batches and processes, reported
 # as sum / count. Lets a job add accuracies to the eval loss without the trainer knowing them.
 BatchMetrics = Callable[[dict[str, Any], Any], dict[str, tuple[float, float]]]
 
 
+@dataclass
+class EvalMetrics:
+    """What evaluation reports beside each set's mean loss (each may be None): `batch_metrics`
+    summed over batches, `compute_metrics` over the gathered logits and labels, then
+    `finalize_metrics` of them all (see the module doc)."""
+
+    batch_metrics: BatchMetrics | None = None
+    compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None
+    finalize_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None
+
+
 class Evaluator:
-    """Evaluates a prepared model on its evaluation sets (one set, or {name: set} with each
-    one's metrics prefixed `name_`) and predicts on any set, on every process.
-    `forward_arguments` go to each forward beside the batch (label smoothing off)."""
+    """Evaluates a prepared model on the evaluation sets of `data` (one set, or {name: set}
+    with each one's metrics prefixed `name_`), in batches of its eval collator (None: its
+    collator), and predicts on any set, on every process. `forward_arguments` go to each
+    forward beside the batch (label smoothing off)."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         accelerator: Accelerator,
-        args: TrainingArguments,
-        collator: Callable[[list[Any]], dict[str, Any]],
-        eval_sets: Dataset | dict[str, Dataset] | None,
-        batch_metrics: BatchMetrics | None = None,
-        compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None,
-        finalize_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None,
+        batching: Batching,
+        data: TrainingData,
+        metrics: EvalMetrics,
         forward_arguments: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.accelerator = model, accelerator
-        self.args, self.collator = args, collator
-        self.batch_metrics, self.compute_metrics = batch_metrics, compute_metrics
-        self.finalize_metrics = finalize_metrics
+        self.batching, self.collator = batching, data.eval_collator or data.collator
+        self.batch_metrics, self.compute_metrics = metrics.batch_metrics, metrics.compute_metrics
+        self.finalize_metrics = metrics.finalize_metrics
         self.forward_arguments = forward_arguments or {}
+        eval_sets = data.eval
         if eval_sets is not None and not isinstance(eval_sets, dict):
             eval_sets = {"": eval_sets}
         self.eval_sets = eval_sets or {}
-        self.loaders = {name: self.loader(data) for name, data in self.eval_sets.items()}
+        self.loaders = {name: self.loader(dataset) for name, dataset in self.eval_sets.items()}
 
     def loader(self, dataset: Dataset) -> DataLoader:
-        return eval_loader(dataset, self.args, self.collator, self.accelerator)
+        return eval_loader(dataset, self.batching, self.collator, self.accelerator)
 
     def evaluate(self) -> dict[str, float]:
         metrics: dict[str, float] = {}

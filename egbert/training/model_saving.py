@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,28 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_model
 
 from egbert import report
-from egbert.config import TrainingArguments
 from egbert.errors import ConfigError
 from egbert.model_files import RUN_MODEL_DIR, SHARED_TENSORS_NOTE, quiet_warnings
 from egbert.training.checkpoints import TrainerState, own_storage, publish_dir, untangled_state_dict
 
 # Metric names that are better lower, when --greater-is-better is left unset.
 LOWER_IS_BETTER = ("loss", "perplexity", "error")
+
+
+@dataclass
+class SavedWithModel:
+    """What a Trainer writes beside the model it trains.
+
+    run_config: what defines the run: {"options": the job's options (its dataclass fields),
+        ...: what else identifies the model, tokenizer and data}; the trainer adds its own
+        options; saved with each checkpoint, compared on resume, and in the model card.
+    tokenizer: saved with the final model, the best one and every checkpoint (None: none).
+    card: what the model card's Hub metadata says (None: the defaults).
+    """
+
+    run_config: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Any = None
+    card: report.ModelCardInfo | None = None
 
 
 def save_model_folder(
@@ -69,15 +85,16 @@ class BestModel:
 
     def __init__(
         self,
-        args: TrainingArguments,
+        metric_for_best_model: str | None,
+        greater_is_better: bool | None,
         folder: Path,
         save: Callable[[Path, Callable[[Path], None]], None],
         write_extras: Callable[[Path], None],
     ) -> None:
         """save(folder, write_extras): save_model_folder of the trained model."""
-        name = args.metric_for_best_model
+        name = metric_for_best_model
         self.metric = None if name is None else name.removeprefix("eval_")
-        self.greater_is_better = args.greater_is_better
+        self.greater_is_better = greater_is_better
         self.folder, self.save, self.write_extras = folder, save, write_extras
 
     def track(self, metrics: dict[str, float], state: TrainerState) -> None:

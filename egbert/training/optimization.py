@@ -28,12 +28,49 @@ Batch ramp (`batch_ramp_to`): the batch grows linearly over the run from `batch_
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from egbert.config import SCHEDULES, TrainingArguments
+from egbert.config import SCHEDULES
 from egbert.errors import ConfigError
+from egbert.training.batches import Batching
+
+
+@dataclass(frozen=True)
+class AdamWOptions:
+    """The trainer's AdamW: the TrainingArguments fields of these names."""
+
+    lr: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_epsilon: float
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """Where a run ends: after --epochs, --max-steps or --budget-minutes (the TrainingArguments
+    fields of these names, each unset or not), whichever comes first."""
+
+    epochs: int | None
+    max_steps: int | None
+    budget_minutes: float | None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A run's learning-rate schedule: its name (--schedule), its length and warmup in the
+    schedule's unit (total_steps, warmup_length), whether --warmup-steps is a share of the run,
+    the budget it runs over (None: it runs over steps) and the model's width (inverse_sqrt)."""
+
+    name: str
+    total: int | None
+    warmup: float
+    warmup_is_ratio: bool
+    budget_minutes: float | None
+    d_model: int | None
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -62,16 +99,16 @@ def adamw(parameters: Any, device: torch.device | str, **options: Any) -> torch.
 
 
 def training_optimizer(
-    model: torch.nn.Module, args: TrainingArguments, device: torch.device
+    model: torch.nn.Module, device: torch.device, options: AdamWOptions
 ) -> torch.optim.AdamW:
     """The trainer's AdamW with the options' lr, betas, eps and weight decay (not on biases
     and norms: parameter_groups)."""
     return adamw(
-        parameter_groups(model, args.weight_decay),
+        parameter_groups(model, options.weight_decay),
         device,
-        lr=args.lr,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
+        lr=options.lr,
+        betas=(options.adam_beta1, options.adam_beta2),
+        eps=options.adam_epsilon,
     )
 
 
@@ -96,72 +133,90 @@ def noam_multiplier(step: int, warmup_steps: int, d_model: int) -> float:
     return d_model**-0.5 * min(n**-0.5, n * warmup_steps**-1.5)
 
 
-def total_steps(args: TrainingArguments, steps_per_epoch: int) -> int | None:
+def total_steps(length: RunLength, steps_per_epoch: int) -> int | None:
     """The run's length in optimizer steps; None for a budget run without --epochs."""
-    if args.max_steps is not None:
-        return args.max_steps
-    if args.budget_minutes is not None and args.epochs is None:
+    if length.max_steps is not None:
+        return length.max_steps
+    if length.budget_minutes is not None and length.epochs is None:
         return None
-    return (args.epochs or 1) * steps_per_epoch
+    return (length.epochs or 1) * steps_per_epoch
 
 
-def warmup_length(args: TrainingArguments, total: int | None) -> float:
-    """Warmup in the schedule's own unit: steps, or seconds for a fractional budget warmup."""
-    warmup = args.warmup_steps
-    if not args.warmup_is_ratio:
-        return int(warmup)
-    if args.budget_minutes is not None:
-        return warmup * args.budget_minutes * 60
-    return round(warmup * total)
-
-
-def lr_multiplier(
-    args: TrainingArguments,
-    step: int,
-    elapsed_seconds: float,
-    total: int | None,
-    warmup: float,
-    d_model: int | None,
+def warmup_length(
+    warmup_steps: float, warmup_is_ratio: bool, budget_minutes: float | None, total: int | None
 ) -> float:
+    """--warmup-steps in the schedule's own unit: steps, or seconds for a fractional budget
+    warmup."""
+    if not warmup_is_ratio:
+        return int(warmup_steps)
+    if budget_minutes is not None:
+        return warmup_steps * budget_minutes * 60
+    return round(warmup_steps * total)
+
+
+def lr_multiplier(schedule: Schedule, step: int, elapsed_seconds: float) -> float:
     """The multiplier of the peak lr after `step` updates and `elapsed_seconds` of training."""
-    if args.schedule == "inverse_sqrt":
-        return noam_multiplier(step, int(warmup), d_model)
-    if args.budget_minutes is None:
-        return schedule_multiplier(args.schedule, step, total, warmup)
-    budget = args.budget_minutes * 60
-    position = budget * run_progress(args, step, elapsed_seconds, total)  # in seconds
-    if args.warmup_is_ratio:
-        return schedule_multiplier(args.schedule, position, budget, warmup)
+    name, total, warmup = schedule.name, schedule.total, schedule.warmup
+    if name == "inverse_sqrt":
+        return noam_multiplier(step, int(warmup), schedule.d_model)
+    if schedule.budget_minutes is None:
+        return schedule_multiplier(name, step, total, warmup)
+    budget = schedule.budget_minutes * 60
+    position = budget * run_progress(schedule.budget_minutes, step, elapsed_seconds, total)
+    if schedule.warmup_is_ratio:
+        return schedule_multiplier(name, position, budget, warmup)
     ramp = min(1.0, step / warmup) if warmup else 1.0
-    return ramp * schedule_multiplier(args.schedule, position, budget, 0.0)
+    return ramp * schedule_multiplier(name, position, budget, 0.0)
 
 
 def run_progress(
-    args: TrainingArguments, step: int, elapsed_seconds: float, total: int | None
+    budget_minutes: float | None, step: int, elapsed_seconds: float, total: int | None
 ) -> float:
-    """The share of the run done: of the budget, of the steps, or with both the larger share
-    (the run stops at whichever end comes first, and the schedule and ramp follow it)."""
+    """The share of the run done: of the budget, of the `total` steps, or with both the larger
+    share (the run stops at whichever end comes first, and the schedule and ramp follow it)."""
     shares = []
-    if args.budget_minutes is not None:
-        shares.append(elapsed_seconds / (args.budget_minutes * 60))
+    if budget_minutes is not None:
+        shares.append(elapsed_seconds / (budget_minutes * 60))
     if total is not None:
         shares.append(step / total)
     return max(shares)
 
 
 def batches_per_step(
-    args: TrainingArguments, step: int, elapsed_seconds: float, total: int | None
+    batching: Batching,
+    budget_minutes: float | None,
+    step: int,
+    elapsed_seconds: float,
+    total: int | None,
 ) -> int:
     """--grad-accum, or with --batch-ramp-to the ramp's count at this point of the run:
     1 at the start, growing linearly with the share of the run done (`run_progress`)."""
-    if args.batch_ramp_to is None:
-        return args.grad_accum
-    done = run_progress(args, step, elapsed_seconds, total)
-    final = args.batch_ramp_to // args.batch_size
+    if batching.batch_ramp_to is None:
+        return batching.grad_accum
+    done = run_progress(budget_minutes, step, elapsed_seconds, total)
+    final = batching.batch_ramp_to // batching.batch_size
     return 1 + math.floor((final - 1) * min(done, 1.0) + 0.5)
 
 
-def accumulation_text(args: TrainingArguments) -> str:
-    if args.batch_ramp_to is None:
-        return f"{args.grad_accum} accumulation"
-    return f"1 to {args.batch_ramp_to // args.batch_size} accumulation (batch ramp)"
+def accumulation_text(batching: Batching) -> str:
+    if batching.batch_ramp_to is None:
+        return f"{batching.grad_accum} accumulation"
+    return f"1 to {batching.batch_ramp_to // batching.batch_size} accumulation (batch ramp)"
+
+
+def check_run_length(length: RunLength, batch_ramp_to: int | None, streaming: bool) -> None:
+    """Refuse a run whose end the batches need but the options leave open: a batch ramp holds
+    fewer batches per step at the start than at the end, and a stream has no length."""
+    if batch_ramp_to is not None and length.budget_minutes is None and not length.max_steps:
+        raise ConfigError(
+            f"--batch-ramp-to {batch_ramp_to} needs a run length: --budget-minutes or --max-steps"
+        )
+    if (
+        streaming
+        and length.max_steps is None
+        and (length.budget_minutes is None or length.epochs is not None)
+    ):
+        raise ConfigError(
+            "streaming training data has no length; give --max-steps, or "
+            "--budget-minutes without --epochs"
+        )

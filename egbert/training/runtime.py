@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,8 @@ from accelerate.utils import (
     DistributedType,
 )
 
-from egbert.config import TrainingArguments
 from egbert.errors import ConfigError, first_line
+from egbert.training.batches import Batching
 from egbert.training.optimization import accumulation_text
 
 # glibc's mallopt() parameters (malloc.h)
@@ -160,14 +161,14 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def setup_lines(accelerator: Accelerator, args: TrainingArguments) -> list[str]:
+def setup_lines(accelerator: Accelerator, batching: Batching) -> list[str]:
     """What a run says of its setup when it starts: processes, device, precision, batch (and a
     warning when bf16 would be slower than fp32 here)."""
     lines = [
         f"egbert: training on {accelerator.num_processes} process(es) "
         f"({accelerator.distributed_type.value}, {accelerator.device}, mixed precision "
-        f"{accelerator.mixed_precision}); batch {args.batch_size} x "
-        f"{accumulation_text(args)} x {accelerator.num_processes} processes"
+        f"{accelerator.mixed_precision}); batch {batching.batch_size} x "
+        f"{accumulation_text(batching)} x {accelerator.num_processes} processes"
     ]
     if accelerator.mixed_precision == "bf16":
         warning = slow_bf16_warning(accelerator.device.type)
@@ -229,20 +230,37 @@ def check_trackers_installed(report_to: list[str]) -> None:
             )
 
 
-def mixed_precision(args: TrainingArguments) -> str | None:
+@dataclass(frozen=True)
+class AcceleratorOptions:
+    """What a run's Accelerator is made with: the TrainingArguments fields of these names (the
+    last four only to refuse what DeepSpeed would get wrong: check_deepspeed_options)."""
+
+    use_cpu: bool
+    bf16: bool | None
+    fp16: bool
+    seed: int
+    report_to: list[str]
+    ddp_find_unused_parameters: bool
+    grad_accum: int
+    skip_nonfinite: int
+    resume: bool
+    batch_ramp_to: int | None
+
+
+def mixed_precision(bf16: bool | None, fp16: bool) -> str | None:
     """Accelerate's mixed_precision of a run: --fp16 or --bf16 (--bf16 false: fp32), else None:
     the launch config's (ACCELERATE_MIXED_PRECISION), and without one fp32."""
-    if args.fp16:
+    if fp16:
         return "fp16"
-    if args.bf16 is None:
+    if bf16 is None:
         return None
-    return "bf16" if args.bf16 else "no"
+    return "bf16" if bf16 else "no"
 
 
-def check_bf16_supported(args: TrainingArguments, device: str) -> None:
+def check_bf16_supported(bf16: bool | None, device: str) -> None:
     """Refuse --bf16 on a GPU without bf16 (T4, V100, P100), which would emulate it slowly or
     not at all, naming what such a card trains with."""
-    if args.bf16 and device == "cuda" and not bf16_pays_off(device):
+    if bf16 and device == "cuda" and not bf16_pays_off(device):
         raise ConfigError(
             f"--bf16: this GPU ({torch.cuda.get_device_name()}) has no bf16; train with --fp16 "
             "(fp16 with loss scaling) instead"
@@ -290,20 +308,20 @@ def start_trackers(accelerator: Accelerator, report_to: list[str], config: dict[
         ) from None
 
 
-def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:
+def make_accelerator(options: AcceleratorOptions, output_dir: Path) -> Accelerator:
     """The run's Accelerator: the device (the CPU when none is there or --use-cpu), the precision
     (--bf16 or --fp16, else the launch config's), the seedable sampler and the trackers of
     --report-to."""
-    check_trackers_installed(args.report_to)
-    trackers = [name for name in args.report_to if name != "none"]
-    on_cpu = args.use_cpu or not has_accelerator()
-    if args.bf16 and not on_cpu:
-        check_bf16_supported(args, training_device())
+    check_trackers_installed(options.report_to)
+    trackers = [name for name in options.report_to if name != "none"]
+    on_cpu = options.use_cpu or not has_accelerator()
+    if options.bf16 and not on_cpu:
+        check_bf16_supported(options.bf16, training_device())
     accelerator = Accelerator(
         # On a machine without GPUs, cpu=True is what makes Accelerate run data-parallel under
         # torchrun (MULTI_CPU, gloo); without it every process trains alone.
         cpu=on_cpu,
-        mixed_precision=mixed_precision(args),
+        mixed_precision=mixed_precision(options.bf16, options.fp16),
         # We step the scheduler once per optimizer update ourselves; Accelerate would step it
         # num_processes times per update.
         step_scheduler_with_optimizer=False,
@@ -311,7 +329,7 @@ def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:
         # default rank 0 would read all of it and send each process its share).
         dataloader_config=DataLoaderConfiguration(
             use_seedable_sampler=True,
-            data_seed=args.seed,
+            data_seed=options.seed,
             dispatch_batches=False,
             # a blocking copy of the next batch would wait for the step queued before it
             non_blocking=not on_cpu,
@@ -319,26 +337,26 @@ def make_accelerator(args: TrainingArguments, output_dir: Path) -> Accelerator:
         log_with=trackers or None,
         project_dir=str(output_dir / "logs"),
         kwargs_handlers=[
-            DistributedDataParallelKwargs(find_unused_parameters=args.ddp_find_unused_parameters)
+            DistributedDataParallelKwargs(find_unused_parameters=options.ddp_find_unused_parameters)
         ],
     )
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        check_deepspeed_options(args)
+        check_deepspeed_options(options)
     scale_fp16_losses_on_cpu(accelerator)
     return accelerator
 
 
-def check_deepspeed_options(args: TrainingArguments) -> None:
+def check_deepspeed_options(options: AcceleratorOptions) -> None:
     """DeepSpeed steps the optimizer inside `backward` and keeps its own schedule state: the
     trainer's non-finite skipping, accumulation, batch ramp and the resume of its schedule are
     not verified there, so they are refused rather than silently wrong."""
     refused = {
         "--grad-accum > 1 (set gradient_accumulation_steps in the DeepSpeed config)": (
-            args.grad_accum > 1
+            options.grad_accum > 1
         ),
-        "--skip-nonfinite (DeepSpeed updates inside backward)": args.skip_nonfinite > 0,
-        "--resume": args.resume,
-        "--batch-ramp-to": args.batch_ramp_to is not None,
+        "--skip-nonfinite (DeepSpeed updates inside backward)": options.skip_nonfinite > 0,
+        "--resume": options.resume,
+        "--batch-ramp-to": options.batch_ramp_to is not None,
     }
     named = [option for option, given in refused.items() if given]
     if named:

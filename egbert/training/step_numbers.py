@@ -103,11 +103,11 @@ def precision_record(state: Any, scale: float | None) -> dict[str, float]:
     return {"loss_scale": scale, "skipped_overflow": state.skipped_overflow}
 
 
-def agrees_each_step(args: Any, num_processes: int) -> bool:
+def agrees_each_step(skip_nonfinite: int, budget_minutes: float | None, num_processes: int) -> bool:
     """Whether the processes agree every step (before the update) or at sync points only:
     skipping non-finite steps (--skip-nonfinite) must decide before the update, and a budget
     shared by several processes must give them one elapsed time (one lr) every step."""
-    return args.skip_nonfinite > 0 or (args.budget_minutes is not None and num_processes > 1)
+    return skip_nonfinite > 0 or (budget_minutes is not None and num_processes > 1)
 
 
 class TrainingClock:
@@ -169,13 +169,14 @@ class ReplayedClock:
 
 
 def training_clock(
-    args: Any, replayed: list[float] | None, state: Any
+    compiling: bool, replay_clock: str | None, replayed: list[float] | None, state: Any
 ) -> TrainingClock | ReplayedClock:
-    """The wall clock, or with --replay-clock (its run's readings `replayed`) that run's clock
-    from the TrainerState `state`'s step on."""
+    """The wall clock (`compiling`: --compile's first step not timed), or with --replay-clock
+    (the folder `replay_clock`, its run's readings `replayed`) that run's clock from the
+    TrainerState `state`'s step on."""
     if replayed is None:
-        return TrainingClock(compiling=args.compile)
-    return ReplayedClock(replayed, len(state.clock_readings), args.replay_clock)
+        return TrainingClock(compiling=compiling)
+    return ReplayedClock(replayed, len(state.clock_readings), replay_clock)
 
 
 def write_clock(output_dir: Path, state: Any) -> None:

@@ -43,13 +43,13 @@ import itertools
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from accelerate.utils import set_seed
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from tqdm.auto import tqdm
 from transformers import EvalPrediction
 
@@ -59,29 +59,36 @@ from egbert.errors import ConfigError, DataError, TrainingError
 from egbert.training import optimization
 from egbert.training.batches import (
     BatchFitter,
+    Batching,
+    TrainingData,
     epoch_batches,
     epochs_done,
     fitted_message,
+    padded_length,
     prepare_training,
     real_tokens,
-    sequence_length,
+    training_batches,
 )
 from egbert.training.checkpoints import (
     Checkpointer,
+    ResumeOptions,
     TrainerState,
     config_hash,
     whole_run_config,
     write_failure,
 )
-from egbert.training.evaluator import BatchMetrics, Evaluator
+from egbert.training.evaluator import EvalMetrics, Evaluator
 from egbert.training.model_saving import (
     BestModel,
+    SavedWithModel,
     run_model_card,
     save_final_model,
     save_model_folder,
     tokenizer_writer,
 )
+from egbert.training.optimization import AdamWOptions, RunLength, Schedule
 from egbert.training.runtime import (
+    AcceleratorOptions,
     keep_freed_memory_in_process,
     loss_scale,
     make_accelerator,
@@ -111,6 +118,8 @@ from egbert.training.step_numbers import (
 # torch._dynamo settings of --compile: bert's sparse MLM head selects the masked positions
 # (a size known only from the data) and elmo runs nn.LSTM, both graph breaks without these.
 COMPILE_SETTINGS = {"capture_dynamic_output_shape_ops": True, "allow_rnn": True}
+
+Options = TypeVar("Options")
 
 
 @dataclass
@@ -153,7 +162,7 @@ def accumulate_gradients(
         count = real_tokens(batch)
         tokens = tokens + count
         if flops_per_token is not None:
-            flops = flops + count * flops_per_token(sequence_length(batch))
+            flops = flops + count * flops_per_token(padded_length(batch))
     means = {
         name: torch.stack([losses[name] for losses in batch_losses]).mean()
         for name in batch_losses[0]
@@ -191,6 +200,14 @@ def compile_settings(compiling: bool) -> AbstractContextManager:
     return torch._dynamo.config.patch(COMPILE_SETTINGS) if compiling else nullcontext()
 
 
+def compile_in_place(model: torch.nn.Module, compile_mode: str) -> None:
+    """--compile of a prepared model, in place, after DDP/FSDP wrapped it (what torch.compile
+    supports for both): no OptimizedModule wrapper, so no `_orig_mod.` in any saved name, and
+    unwrapping gives the model itself. (Accelerate's dynamo plugin wraps it, and its save_state
+    saves the wrapper's names.)"""
+    model.compile(mode=None if compile_mode == "default" else compile_mode)
+
+
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """--gradient-checkpointing: transformers' activation checkpointing (non-reentrant, which
     torch.compile, DDP and FSDP support) of the model's layers, or a ConfigError for a model
@@ -203,16 +220,21 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     model.activation_checkpointing_enable()
 
 
-def epochs_left(args: TrainingArguments, epoch: int) -> bool:
+def epochs_left(length: RunLength, epoch: int) -> bool:
     """Whether the run trains another epoch after `epoch` ones: --epochs' end, unless
     --max-steps (or a budget alone) ends it."""
-    return args.epochs is None or args.max_steps is not None or epoch < args.epochs
+    return length.epochs is None or length.max_steps is not None or epoch < length.epochs
 
 
-def evaluates_or_saves(step: int, args: TrainingArguments) -> bool:
+def options_for(kind: type[Options], args: TrainingArguments) -> Options:
+    """The options a helper reads, as the dataclass `kind`: the fields of `args` it names."""
+    return kind(**{field.name: getattr(args, field.name) for field in fields(kind)})
+
+
+def evaluates_or_saves(step: int, eval_every: int, save_every: int) -> bool:
     """Step `step` evaluates or checkpoints: the processes agree first, so that neither sees
     weights a non-finite loss has reached."""
-    return any(every and step % every == 0 for every in (args.eval_every, args.save_every))
+    return any(every and step % every == 0 for every in (eval_every, save_every))
 
 
 def progress_bar(accelerator: Any, total: int | None, initial: int) -> tqdm:
@@ -246,17 +268,15 @@ def label_smoothing_arguments(
 class Trainer:
     """Trains any model whose forward returns an object with `.loss`.
 
-    train_dataset: map-style dataset (shuffled each epoch) or an IterableDataset (streaming).
-    data_collator: list of examples -> dict of tensors, the keyword arguments of model(...).
-    eval_dataset: one evaluation set, or {name: set} (each one's metrics prefixed `name_`),
-        evaluated every `eval_every` steps and at the end with `eval_collator` (default: the
-        data collator); batch_metrics, compute_metrics, finalize_metrics: see the module doc.
-    run_config: what defines the run: {"options": the job's options (its dataclass fields),
-        ...: what else identifies the model, tokenizer and data}; the trainer adds its own
-        options; saved with each checkpoint and compared on resume (a few options may change:
-        egbert.training.checkpoints.MAY_CHANGE_ON_RESUME).
-    tokenizer: saved with the final model, the best one and every checkpoint.
-    card: what the model card's Hub metadata says.
+    data: the training set and its collator, the evaluation sets and theirs (TrainingData);
+        the evaluation sets are evaluated every `eval_every` steps and at the end.
+    args: the trainer's options (TrainingArguments); its stages hand each helper the fields it
+        reads.
+    metrics: what evaluation reports beside each set's loss (EvalMetrics; see evaluator.py).
+    saved_with_model: the run's config, the tokenizer and the card's metadata (SavedWithModel):
+        what defines the run, saved with each checkpoint and compared on resume (a few options
+        may change: egbert.training.checkpoints.MAY_CHANGE_ON_RESUME), and what goes beside
+        the final model, the best one and every checkpoint.
     epoch_ends: also evaluate (when `eval_every` is 0) and checkpoint (when `save_every` is 0)
         where each epoch ends, however many steps it took (fine-tuning's epochs).
     flops_per_token: seq_len -> training FLOPs per real token, for the MFU of the log (default:
@@ -269,66 +289,57 @@ class Trainer:
     def __init__(
         self,
         model: torch.nn.Module,
+        data: TrainingData,
         args: TrainingArguments,
-        train_dataset: Dataset | IterableDataset,
-        data_collator: Callable[[list[Any]], dict[str, Any]],
-        eval_dataset: Dataset | dict[str, Dataset] | None = None,
-        eval_collator: Callable[[list[Any]], dict[str, Any]] | None = None,
-        batch_metrics: BatchMetrics | None = None,
-        compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None,
-        finalize_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None,
-        run_config: dict[str, Any] | None = None,
-        tokenizer: Any = None,
-        card: report.ModelCardInfo | None = None,
+        metrics: EvalMetrics | None = None,
+        saved_with_model: SavedWithModel | None = None,
         epoch_ends: bool = False,
         flops_per_token: Callable[[int], float] | None = None,
     ) -> None:
+        saved_with_model = saved_with_model or SavedWithModel()
         self.args, self.output_dir = args, Path(args.output_dir)
-        self.data_collator, self.card = data_collator, card
+        self.data_collator, self.card = data.collator, saved_with_model.card
         # the tokenizer goes beside every saved model, checkpoints included: each one loads
-        self._write_tokenizer = tokenizer_writer(tokenizer)
+        self._write_tokenizer = tokenizer_writer(saved_with_model.tokenizer)
         self.epoch_ends = epoch_ends
-        self._setup_run(run_config or {})
+        self._setup_run(saved_with_model.run_config)
         self._setup_model(model, flops_per_token)
-        optimizer = optimization.training_optimizer(model, args, self.accelerator.device)
-        self._setup_data(model, optimizer, train_dataset)
-        self._setup_evaluation(
-            eval_dataset,
-            eval_collator or data_collator,
-            batch_metrics,
-            compute_metrics,
-            finalize_metrics,
-        )
+        optimizer = self._setup_optimizer(model)
+        loader = self._setup_data(data.train)
+        self._prepare_and_compile(model, optimizer, loader)
+        self._setup_evaluation(data, metrics or EvalMetrics())
         self._setup_schedule(optimizer)
 
     # ------------------------------------------------------------ setup, in order
 
     def _setup_run(self, run_config: dict[str, Any]) -> None:
-        """The processes (Accelerate), the run's log and checkpoints, and its state."""
+        """The processes (Accelerate) and whether they agree each step, the run's log and
+        checkpoints, and its state."""
         args = self.args
-        self.accelerator = make_accelerator(args, self.output_dir)
+        self.accelerator = make_accelerator(options_for(AcceleratorOptions, args), self.output_dir)
         self.log = report.RunLog(self.accelerator, self.output_dir)
         self.checkpoints = Checkpointer(
             self.accelerator, self.output_dir / "checkpoints", args.keep_checkpoints
         )
         keep_freed_memory_in_process(self.accelerator.device)
-        self.run_config = whole_run_config(run_config, args, self.accelerator.num_processes)
-        self.state = TrainerState(
-            run_config=self.run_config, config_hash=config_hash(self.run_config)
-        )
+        processes = self.accelerator.num_processes
+        config = self.run_config = whole_run_config(run_config, asdict(args), processes)
+        self.state = TrainerState(run_config=config, config_hash=config_hash(config))
         self._stopping, self._signal_received = False, None
         self._last_eval, self._last_eval_step = {}, None  # its metrics, its step
         self._last_lr = args.lr
         self.replayed_clock = None if args.replay_clock is None else read_clock(args.replay_clock)
+        skip, budget = args.skip_nonfinite, args.budget_minutes
+        self._agree_each_step = agrees_each_step(skip, budget, processes)
 
     def _setup_model(
         self, model: torch.nn.Module, flops_per_token: Callable[[int], float] | None
     ) -> None:
         """What the trainer reads of the model, once: the label smoothing its forward takes,
-        its width (inverse_sqrt's d_model) and its FLOPs per token (the log's MFU)."""
-        self.loss_arguments, self._eval_arguments = label_smoothing_arguments(
-            model, self.args.label_smoothing
-        )
+        its width (inverse_sqrt's d_model) and its FLOPs per token (the log's MFU); and
+        --gradient-checkpointing."""
+        smoothing = self.args.label_smoothing
+        self.loss_arguments, self._eval_arguments = label_smoothing_arguments(model, smoothing)
         if self.args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.d_model = getattr(getattr(model, "config", None), "hidden_size", None)
@@ -337,67 +348,68 @@ class Trainer:
         count = flops_per_token or default_flops_per_token(model)
         self.flops_per_token = None if count is None else functools.cache(count)
 
-    def _setup_data(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        train_dataset: Dataset | IterableDataset,
-    ) -> None:
-        """Accelerate's prepare of the model, the optimizer and the training batches, then
-        --compile."""
-        args, accelerator = self.args, self.accelerator
-        self.model, self.optimizer, self.train_loader, self.stream = prepare_training(
-            accelerator, model, optimizer, train_dataset, args, self.data_collator, self.log.message
-        )
-        self._unwrapped = accelerator.unwrap_model(self.model)
-        self.batch_fitter = BatchFitter(accelerator, train_dataset, self.data_collator, args)
-        save = functools.partial(save_model_folder, accelerator, self.model)
-        self.best = BestModel(args, self.output_dir / "best", save, self._write_tokenizer)
-        if args.compile:
-            # In place, after DDP/FSDP wrapped it (what torch.compile supports for both): no
-            # OptimizedModule wrapper, so no `_orig_mod.` in any saved name, and unwrapping gives
-            # the model itself. Accelerate's dynamo plugin wraps it, and its save_state saves
-            # the wrapper's names.
-            self.model.compile(mode=None if args.compile_mode == "default" else args.compile_mode)
+    def _setup_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """AdamW over the model's parameters, before Accelerate's prepare wraps the two."""
+        options = options_for(AdamWOptions, self.args)
+        return optimization.training_optimizer(model, self.accelerator.device, options)
 
-    def _setup_evaluation(
-        self,
-        eval_dataset: Dataset | dict[str, Dataset] | None,
-        collator: Callable[[list[Any]], dict[str, Any]],
-        batch_metrics: BatchMetrics | None,
-        compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None,
-        finalize_metrics: Callable[[dict[str, float]], dict[str, float]] | None,
+    def _setup_data(self, train_dataset: Dataset | IterableDataset) -> DataLoader:
+        """The training batches, for Accelerate's prepare (a stream is split between the
+        processes here, its position kept, and not prepared again), and what
+        --auto-find-batch-size refits them with."""
+        args, accelerator = self.args, self.accelerator
+        self.length, self.batching = options_for(RunLength, args), options_for(Batching, args)
+        streaming = isinstance(train_dataset, IterableDataset)
+        optimization.check_run_length(self.length, args.batch_ramp_to, streaming)
+        loader, self.stream = training_batches(
+            accelerator, train_dataset, self.batching, self.data_collator, self.log.message
+        )
+        self.batch_fitter = BatchFitter(
+            accelerator, train_dataset, self.data_collator, args.auto_find_batch_size
+        )
+        return loader
+
+    def _prepare_and_compile(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader
     ) -> None:
+        """Accelerate's prepare of the model, the optimizer and the training batches, in one
+        call (DeepSpeed reads the batch size off the loader): the model on the device and
+        wrapped for the processes (DDP, FSDP); then --compile of the wrapped model."""
+        self.model, self.optimizer, self.train_loader = prepare_training(
+            self.accelerator, model, optimizer, loader, self.stream
+        )
+        self._unwrapped = self.accelerator.unwrap_model(self.model)
+        if self.args.compile:
+            compile_in_place(self.model, self.args.compile_mode)
+
+    def _setup_evaluation(self, data: TrainingData, metrics: EvalMetrics) -> None:
+        """The evaluation sets' batches and metrics, and the best model by
+        --metric-for-best-model."""
         self.evaluator = Evaluator(
-            self.model,
-            self.accelerator,
-            self.args,
-            collator,
-            eval_dataset,
-            batch_metrics,
-            compute_metrics,
-            finalize_metrics,
-            forward_arguments=self._eval_arguments,
+            self.model, self.accelerator, self.batching, data, metrics, self._eval_arguments
         )
         self.eval_sets = self.evaluator.eval_sets
+        save = functools.partial(save_model_folder, self.accelerator, self.model)
+        metric, greater = self.args.metric_for_best_model, self.args.greater_is_better
+        folder = self.output_dir / "best"
+        self.best = BestModel(metric, greater, folder, save, self._write_tokenizer)
 
     def _setup_schedule(self, optimizer: torch.optim.Optimizer) -> None:
         """The learning-rate schedule, whose length needs the per-process number of batches,
         known after prepare (a stream has none: train_loader asked for --max-steps or a
-        budget); and whether the processes agree each step."""
-        args = self.args
-        steps_per_epoch = 0 if self.stream else math.ceil(len(self.train_loader) / args.grad_accum)
-        self.total_steps = optimization.total_steps(args, steps_per_epoch)
-        self.warmup = optimization.warmup_length(args, self.total_steps)
+        budget)."""
+        args, batches = self.args, len(self.train_loader) if self.stream is None else 0
+        total = optimization.total_steps(self.length, math.ceil(batches / self.batching.grad_accum))
+        ratio, budget = args.warmup_is_ratio, args.budget_minutes
+        warmup = optimization.warmup_length(args.warmup_steps, ratio, budget, total)
+        self.schedule = Schedule(args.schedule, total, warmup, ratio, budget, self.d_model)
+        self.total_steps = total
         self.scheduler = self.accelerator.prepare(
             torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_multiplier)
         )
-        self._agree_each_step = agrees_each_step(args, self.accelerator.num_processes)
 
     def _lr_multiplier(self, step: int) -> float:
-        return optimization.lr_multiplier(
-            self.args, step, self.state.elapsed_seconds, self.total_steps, self.warmup, self.d_model
-        )
+        return optimization.lr_multiplier(self.schedule, step, self.state.elapsed_seconds)
 
     # ------------------------------------------------------------ training
 
@@ -419,7 +431,7 @@ class Trainer:
 
     def _train_and_save(self) -> TrainOutput:
         self._start_or_resume()
-        for line in setup_lines(self.accelerator, self.args):
+        for line in setup_lines(self.accelerator, self.batching):
             self.log.message(line)
         progress = progress_bar(self.accelerator, self.total_steps, self.state.step)
         self._train_loop(progress)
@@ -453,16 +465,17 @@ class Trainer:
     def _train_loop(self, progress: tqdm) -> None:
         flops = self.flops_per_token is not None
         self.ledger = StepLedger(self.accelerator, self.state.elapsed_seconds, flops)
-        self.clock = training_clock(self.args, self.replayed_clock, self.state)
-        while not self._finished() and epochs_left(self.args, self.state.epoch):
+        compiling, replay_clock = self.args.compile, self.args.replay_clock
+        self.clock = training_clock(compiling, replay_clock, self.replayed_clock, self.state)
+        while not self._finished() and epochs_left(self.length, self.state.epoch):
             if not self._train_epoch(progress):
                 break
 
     def _finished(self) -> bool:
-        state, args = self.state, self.args
+        state, budget = self.state, self.length.budget_minutes
         if self._stopping:
             return True
-        if args.budget_minutes is not None and state.elapsed_seconds >= args.budget_minutes * 60:
+        if budget is not None and state.elapsed_seconds >= budget * 60:
             return True
         return self.total_steps is not None and state.step >= self.total_steps
 
@@ -473,8 +486,9 @@ class Trainer:
         batches = epoch_batches(loader, self.data_collator, state.epoch, started_at, self.stream)
         while True:
             state = self.state
+            budget, elapsed = self.length.budget_minutes, state.elapsed_seconds
             count = optimization.batches_per_step(
-                self.args, state.step, state.elapsed_seconds, self.total_steps
+                self.batching, budget, state.step, elapsed, self.total_steps
             )
             group = list(itertools.islice(batches, count))
             if not group:
@@ -484,7 +498,8 @@ class Trainer:
             try:
                 updated = self._optimizer_step(group)
             except RuntimeError as error:  # --auto-find-batch-size: out of memory
-                self._use_batch_size(self.batch_fitter.halved(error, self.args), after=error)
+                size = self.batch_fitter.halved(error, self.batching.batch_size)
+                self._use_batch_size(size, after=error)
                 skip = self.state.batches_in_epoch
                 batches = epoch_batches(
                     self.train_loader, self.data_collator, state.epoch, skip, None
@@ -518,10 +533,10 @@ class Trainer:
         example of the step that ran out, else as the resumed run found them."""
         if after is not None:
             self.optimizer.zero_grad(set_to_none=True)
-            self.state.batches_in_epoch *= self.args.batch_size // size
-        self.args, self.train_loader = self.batch_fitter.fit(self.args, size)
+            self.state.batches_in_epoch *= self.batching.batch_size // size
+        self.batching, self.train_loader = self.batch_fitter.fit(self.batching, size)
         self.state.batch_size_found = size
-        self.log.message(fitted_message(self.args, self.state.step, found_before=after is None))
+        self.log.message(fitted_message(self.batching, self.state.step, found_before=after is None))
 
     def _optimizer_step(self, group: list[dict[str, Any]]) -> bool:
         """Forward and backward over `group` (accumulated), then one update unless, agreeing
@@ -575,7 +590,8 @@ class Trainer:
         state, args = self.state, self.args
         logging = state.step % args.log_every == 0 or self._finished()
         signal_here = self._signal_received is not None and self.accelerator.num_processes == 1
-        if logging or evaluates_or_saves(state.step, args) or signal_here:
+        evaluating_or_saving = evaluates_or_saves(state.step, args.eval_every, args.save_every)
+        if logging or evaluating_or_saving or signal_here:
             self._agree_on_pending_steps()
         # The clock runs on from the backward pass, so the update just made (and the wait for the
         # device in agreeing) counts at the next step; logging (and the matmul peak measured for
@@ -643,16 +659,18 @@ class Trainer:
     def _start_or_resume(self) -> None:
         """Start anew, seeded, or go on from the checkpoint --resume finds, as it left off."""
         args = self.args
-        checkpoint = self.checkpoints.start(args, self.log.message)  # refuses to overwrite one
+        resuming = options_for(ResumeOptions, args)
+        checkpoint = self.checkpoints.start(resuming, self.log.message)  # refuses to overwrite one
         start_trackers(self.accelerator, args.report_to, report.tracker_config(self.run_config))
         if checkpoint is None:
             set_seed(args.seed)
         else:
+            anyway, say = args.resume_anyway, self.log.message
             self.state = self.checkpoints.resume(
-                checkpoint, self._unwrapped, self.state, args, self.stream, self.log.message
+                checkpoint, self._unwrapped, self.state, anyway, self.stream, say
             )
             found = self.state.batch_size_found
-            if found is not None and found != args.batch_size:
+            if found is not None and found != self.batching.batch_size:
                 self._use_batch_size(found)
         self.log.truncate(after_step=self.state.step)
 
