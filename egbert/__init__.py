@@ -9,7 +9,8 @@ one function per job, each taking the command's options as keyword arguments, e.
                            output_dir="runs/bert", budget_minutes=10)
     egbert.run_finetuning(task="rte", model="runs/bert", data_dir="glue/", output_dir="runs/rte")
 
-and the pieces scripts build on (configs, the trainer, the models, the data builders).
+and the pieces a custom pipeline builds on (configs, the trainer, the models, the data builders).
+docs/layout.md ("The public API") lists every name with what it is for; the rest is private.
 """
 
 from __future__ import annotations
@@ -40,20 +41,7 @@ _EXPORTS = {
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
     "egbert.quickstart.run": ["run_quickstart"],
     "egbert.quickstart.options": ["QuickstartArguments"],
-    "egbert.quickstart.steps": [
-        "RunStopped",
-        "find_data",
-        "corpus_files",
-        "local_glue_tasks",
-        "prepare_tokenizer",
-        "is_finished",
-        "save_untrained",
-        "finetune_once",
-        "finetune_options",
-        "pretraining_summary",
-        "PretrainingSummary",
-    ],
-    "egbert.quickstart.report": ["score_table", "task_average"],
+    "egbert.quickstart.steps": ["save_untrained", "finetune_options"],
     "egbert.evaluation": ["run_probe", "run_prompt_eval"],
     "egbert.push": ["push_to_hub"],
     "egbert.generate": ["generate_text"],
@@ -75,19 +63,12 @@ _EXPORTS = {
     "egbert.model_files": ["load_pretrained", "read_model_config"],
     "egbert.training.checkpoints": ["checkpoints_in"],
     "egbert.training.optimization": ["adamw"],
-    "egbert.training.runtime": [
-        "bf16_pays_off",
-        "matmul_gflops",
-        "matmul_peak_flops",
-        "training_device",
-    ],
+    "egbert.training.runtime": ["bf16_pays_off", "matmul_peak_flops", "training_device"],
     "egbert.finetune.metrics": [
         "compute_task_metrics",
-        "glue_score",
+        "task_score",
         "glue_average",
         "GlueAverage",
-        "format_metrics",
-        "task_score",
     ],
     "egbert.finetune.tasks": ["Task", "get_task", "read_glue_split", "split_file"],
     "egbert.sources": ["read_documents", "load_documents"],

@@ -1,16 +1,20 @@
 """Scripts use egbert's public API only: every name they take from egbert is in `egbert.__all__`
-(read from their source with ast, nothing run), and every name there resolves."""
+(read from their source with ast, nothing run), every name there resolves, and docs/layout.md's
+"The public API" lists exactly those names."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 import egbert
 
-SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "scripts").glob("*.py"))
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
+LAYOUT = REPO / "docs" / "layout.md"
 
 
 def egbert_names(tree: ast.AST) -> list[tuple[int, str]]:
@@ -60,3 +64,18 @@ def test_the_check_sees_internals():
 def test_every_exported_name_resolves():
     for name in egbert.__all__:
         assert getattr(egbert, name) is not None, name
+
+
+def documented_names(layout: str) -> list[str]:
+    """The names listed in layout's "The public API" section: each line "- `NAME`: what for"."""
+    section = layout.split("\n## The public API\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^- `(\w+)`:", section, flags=re.MULTILINE)
+
+
+def test_the_layout_lists_every_exported_name_once_and_nothing_else():
+    documented = documented_names(LAYOUT.read_text(encoding="utf-8"))
+    assert len(documented) == len(set(documented)), "a name listed twice"
+    unlisted = sorted(set(egbert.__all__) - set(documented))
+    assert not unlisted, f"exported, not listed in docs/layout.md: {unlisted}"
+    unexported = sorted(set(documented) - set(egbert.__all__))
+    assert not unexported, f"listed in docs/layout.md, not exported: {unexported}"

@@ -38,7 +38,8 @@ again into a new folder with every decision the clock made taken from DIR (`repl
 
 The package: `options` (QuickstartArguments and every default, in one block), `throughput`
 (timing training steps on the device), `planner` (the plan: pure functions), `budget` (the wall
-clock, the evaluation sizes, plan.json), `steps` (the stages' reusable parts, public for
-scripts), `report` (typed rows and tables), `replay` (a finished run's options, plan and
-clocks), `run` (the pipeline, top to bottom).
+clock, the evaluation sizes, plan.json), `steps` (the stages' reusable parts), `report` (typed
+rows and tables), `replay` (a finished run's options, plan and clocks), `run` (the pipeline, top
+to bottom). `egbert` exports `run_quickstart`, its options (`QuickstartArguments`) and two steps
+(`save_untrained`, `finetune_options`); the rest is quickstart's own.
 """

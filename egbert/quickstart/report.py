@@ -1,5 +1,4 @@
-"""quickstart's results: typed table rows, the Markdown tables (public: scripts/recipe_compare.py
-prints its scores with `score_table`), the plot, and results.md/.json."""
+"""quickstart's results: typed table rows, the Markdown tables, the plot, and results.md/.json."""
 
 from __future__ import annotations
 

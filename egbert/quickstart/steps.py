@@ -1,7 +1,8 @@
-"""quickstart's steps, public for scripts that run the pipeline's parts with other models or
-options (scripts/recipe_compare.py, scripts/glue_table.py): find the data, train the tokenizer,
-save a model's twin at its random initial weights, fine-tune once (reusing a finished run),
-the fine-tuning options by model type. Each step reuses what a finished earlier run left."""
+"""quickstart's steps: find the data, train the tokenizer, save a model's twin at its random
+initial weights, fine-tune once (reusing a finished run), the fine-tuning options by model type.
+Each step reuses what a finished earlier run left. The steps are quickstart's own; `egbert`
+exports two for whoever runs quickstart's experiments with other models: `save_untrained` and
+`finetune_options`."""
 
 from __future__ import annotations
 
