@@ -43,6 +43,15 @@ def command_line(command: str, options: dict) -> list[str]:
     return argv
 
 
+def launch_failure(run: subprocess.CompletedProcess) -> str:
+    """What a failed launch says: every line naming an error (a rank's traceback ends in one,
+    egbert's one-line errors are one), which the ranks' long tracebacks push out of a plain
+    tail, then the tail."""
+    output = run.stdout + run.stderr
+    errors = [line for line in output.splitlines() if "error" in line.lower()]
+    return "\n".join(errors[-40:]) + "\n--- the last lines:\n" + output[-2000:]
+
+
 def lines_of(path: Path, start: int, stop: int) -> str:
     return "".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[start:stop])
 
@@ -92,7 +101,7 @@ def launch(
     launcher += ["--nproc-per-node", "2", __file__, json.dumps(argvs)]
     env = {**subprocess_env, "CUDA_VISIBLE_DEVICES": ""}
     run = subprocess.run(launcher, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert run.returncode == 0, launch_failure(run)
     options = {name: options for name, (_, options) in jobs.items()}
     return {"root": root, "jobs": options, "stdout": run.stdout}
 
