@@ -71,6 +71,7 @@ _EXPORTS = {
         "GlueAverage",
     ],
     "egbert.finetune.tasks": ["Task", "get_task", "read_glue_split", "split_file"],
+    "egbert.finetune.tables": ["glue_score_table"],
     "egbert.sources": ["read_documents", "load_documents"],
     "egbert.pretrain.data": ["tokenize_documents", "build_nsp_examples", "pack_blocks"],
     "egbert.pretrain.collators": ["MLMCollator", "CausalLMCollator"],

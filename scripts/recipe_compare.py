@@ -524,29 +524,6 @@ def task_average(scores: dict[str, float]) -> float | None:
     return None if average is None else average.score
 
 
-def metric_header(task: str) -> str:
-    metric = {"cola": "Matthews", "mrpc": "F1/acc", "qqp": "F1/acc", "stsb": "Pearson/Spearman"}
-    return f"{task} ({metric.get(task, 'acc')})"
-
-
-def score_table(scores: dict[str, dict[str, float]], tasks: Sequence[str]) -> str:
-    """Markdown: one row per model, a column per task (GLUE score x 100), the average, then the
-    NOT_AVERAGED tasks marked *."""
-    averaged = [task for task in tasks if task not in NOT_AVERAGED]
-    apart = [task for task in tasks if task in NOT_AVERAGED]
-    columns = [*map(metric_header, averaged), "average", *(f"{metric_header(t)}*" for t in apart)]
-    lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-    for label, by_task in scores.items():
-        average = task_average({task: by_task[task] for task in averaged})
-        cells = [f"{100 * by_task[task]:.1f}" for task in averaged]
-        cells.append("" if average is None else f"{100 * average:.1f}")
-        cells += [f"{100 * by_task[task]:.1f}" for task in apart]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    if apart:
-        lines.append(f"\n\\* not averaged: {', '.join(apart)} dev sets do not move at this scale.")
-    return "\n".join(lines)
-
-
 def seed_table(seed_scores: dict[str, dict[str, list[float]]], seeds: Sequence[int]) -> str:
     """Markdown: each model's task average per fine-tuning seed, their mean and their range."""
     header = "| model | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean | range |"
@@ -695,7 +672,7 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         for label, by_task in seed_scores.items()
     }
     averages = {label: task_average(by_task) for label, by_task in scores.items()}
-    tables = [score_table(scores, tasks)]
+    tables = [egbert.glue_score_table(scores, tasks, leave_out=NOT_AVERAGED)]
     if len(seeds) > 1:
         tables.append(seed_table(seed_scores, seeds))
     if ablations:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from egbert.finetune.metrics import GlueAverage, format_metrics
-from egbert.finetune.tables import column, percent, results_table
+from egbert.finetune.tables import column, glue_score_table, percent, results_table
 from egbert.finetune.tasks import SCORED_TASKS
 
 
@@ -36,3 +36,25 @@ def test_results_table_writes_each_field_as_a_column_and_the_glue_average_last()
     assert last_line == "| average (all nine tasks) | | 50.00 | |"
     one_task = results_table(ScoreRow, rows[:1], GlueAverage(0.5, ("rte",)), "average")
     assert len(one_task.splitlines()) == 3  # an average of one task is that task's row
+
+
+def test_glue_score_table_averages_all_but_the_tasks_left_out_and_marks_them() -> None:
+    """Two models on CoLA, STS-B (whose score is its two correlations' mean, already in the
+    score given) and WNLI left out: the average is CoLA's and STS-B's, 0.5 x (0.2 + 0.6) and
+    0.5 x (0.1 + 0.4); WNLI follows it, marked; the extra column goes last, blank where a
+    model has no cell."""
+    scores = {
+        "bert": {"cola": 0.2, "stsb": 0.6, "wnli": 0.56},
+        "twin": {"cola": 0.1, "stsb": 0.4, "wnli": 0.44},
+    }
+    table = glue_score_table(scores, ["cola", "stsb", "wnli"], ("wnli",), {"seeds": {"bert": "3"}})
+    assert table.splitlines() == [
+        "| model | cola (Matthews) | stsb (Pearson/Spearman) | average | wnli (acc)* | seeds |",
+        "|---|---:|---:|---:|---:|---:|",
+        "| bert | 20.0 | 60.0 | 40.0 | 56.0 | 3 |",
+        "| twin | 10.0 | 40.0 | 25.0 | 44.0 |  |",
+        "",
+        r"\* not averaged: wnli dev sets do not move at this scale.",
+    ]
+    nothing_left_out = glue_score_table({"bert": scores["bert"]}, ["cola", "wnli"])
+    assert nothing_left_out.splitlines()[-1] == "| bert | 20.0 | 56.0 | 38.0 |"

@@ -13,6 +13,7 @@ from egbert.families import MODEL_FAMILIES
 from egbert.finetune import significance
 from egbert.finetune.metrics import glue_average
 from egbert.finetune.significance import Difference
+from egbert.finetune.tables import glue_score_table
 from egbert.quickstart.options import NOT_AVERAGED, PROMPT_SHOTS
 from egbert.quickstart.steps import PretrainingSummary
 
@@ -68,36 +69,6 @@ def task_average(scores: Mapping[str, float]) -> float | None:
     """The GLUE average of a row's scores over its averaged tasks (None: no such task)."""
     average = glue_average(scores, leave_out=NOT_AVERAGED)
     return None if average is None else average.score
-
-
-def metric_header(task: str) -> str:
-    metric = {"cola": "Matthews", "mrpc": "F1/acc", "qqp": "F1/acc", "stsb": "Pearson/Spearman"}
-    return f"{task} ({metric.get(task, 'acc')})"
-
-
-def score_table(
-    rows: Mapping[str, Mapping[str, float]],
-    tasks: Sequence[str],
-    extra: Mapping[str, Mapping[str, str]] | None = None,
-) -> str:
-    """Markdown: one row per label, a column per task (GLUE score x 100), the average over the
-    tasks not NOT_AVERAGED, then those (and any `extra` column, e.g. per-seed averages)."""
-    averaged = averaged_tasks(tasks)
-    apart = [t for t in tasks if t in NOT_AVERAGED]
-    columns = [*map(metric_header, averaged), "average", *(f"{metric_header(t)}*" for t in apart)]
-    columns += list(extra or {})
-    lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-    for label, scores in rows.items():
-        average = task_average({t: scores[t] for t in averaged})
-        cells = [f"{100 * scores[t]:.1f}" for t in averaged]
-        cells.append("" if average is None else f"{100 * average:.1f}")
-        cells += [f"{100 * scores[t]:.1f}" for t in apart]
-        cells += [values.get(label, "") for values in (extra or {}).values()]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    if apart:
-        lines.append("")
-        lines.append(f"\\* not averaged: {', '.join(apart)} dev sets do not move at this scale.")
-    return "\n".join(lines)
 
 
 def pretraining_table(pretraining: Mapping[str, PretrainingSummary]) -> str:
@@ -307,14 +278,18 @@ def write_report(
     beats_majority = {"vs majority class": majority_column(against_majority)}
     tables = {
         "pretraining": pretraining_table(pretraining),
-        "fine-tuning": score_table(by_label, tasks, {"seeds": per_seed} if per_seed else None),
-        "probe": score_table(
-            {**labelled(probed), "majority class": majority}, tasks, beats_majority
+        "fine-tuning": glue_score_table(
+            by_label, tasks, NOT_AVERAGED, {"seeds": per_seed} if per_seed else None
+        ),
+        "probe": glue_score_table(
+            {**labelled(probed), "majority class": majority}, tasks, NOT_AVERAGED, beats_majority
         ),
     }
     notes = {"probe": sizes_note(probes, "Training examples")}
     if prompts:
-        tables["k-shot prompting"] = score_table(labelled(prompted), prompt_tasks, beats_majority)
+        tables["k-shot prompting"] = glue_score_table(
+            labelled(prompted), prompt_tasks, NOT_AVERAGED, beats_majority
+        )
         notes["k-shot prompting"] = sizes_note(prompts, "Dev examples")
     else:
         tables["k-shot prompting"] = "skipped: the probe had spent the evaluation's share."
