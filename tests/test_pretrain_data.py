@@ -888,3 +888,18 @@ def test_cached_and_streamed_packing_give_the_same_blocks_group_by_group():
     assert data.pack_blocks(cached, 7, EOS)["input_ids"] == expected
     streamed = data.pack_blocks(cached.to_iterable_dataset(), 7, EOS)
     assert [row["input_ids"] for row in streamed] == expected
+
+
+def test_a_corpus_without_a_block_is_refused_in_one_line_and_its_packing_is_shown(capfd):
+    """Two documents, 2 and 1 tokens, each followed by the separator: 5 tokens, no block of 8;
+    a cached corpus's packing shows as such in its progress bar."""
+    tokenized = Dataset.from_dict({"input_ids": [[[10, 11]], [[12]]]})
+    message = (
+        "the corpus has 5 tokens (with a separator after each document), and no group of 1,000 "
+        "documents holds one block of 8; give it more text or use a shorter sequence length"
+    )
+    with pytest.raises(DataError) as refused:
+        data.pack_blocks(tokenized, 8, EOS)
+    assert str(refused.value) == message
+    data.pack_blocks(tokenized, 2, EOS)
+    assert "packing blocks: " in capfd.readouterr().err
