@@ -48,6 +48,7 @@ from egbert.training.optimization import (
     RunLength,
     Schedule,
     accumulation_text,
+    adamw,
     batches_per_step,
     lr_multiplier,
     noam_multiplier,
@@ -258,6 +259,16 @@ def test_a_budget_runs_the_schedule_in_seconds_with_its_warmup_share(tmp_path):
     assert lr_multiplier(schedule, 60, 15.0) == pytest.approx(1 - after, rel=1e-9)
 
 
+def test_a_budget_ramps_a_warmup_in_steps_over_the_schedule_in_seconds():
+    """A 2-minute budget of at most 100 steps with 10 warmup steps: the warmup ramps by steps
+    (5 of 10: half the peak) over the linear schedule, which runs on the share of the run done
+    (5 of 100 steps after 3 s: 5%, so 0.95 of the peak): 0.475. After the warmup, at step 20
+    and 60 s (half the budget, more than 20 of 100 steps), the schedule alone: 0.5."""
+    schedule = Schedule("linear", 100, 10, False, 2, None)
+    assert lr_multiplier(schedule, 5, 3.0) == pytest.approx(0.475, rel=1e-9)
+    assert lr_multiplier(schedule, 20, 60.0) == pytest.approx(0.5, rel=1e-9)
+
+
 def test_a_run_without_a_length_is_one_epoch(tmp_path):
     assert total_steps(RunLength(epochs=None, max_steps=None, budget_minutes=None), 7) == 7
     assert total_steps(RunLength(epochs=3, max_steps=None, budget_minutes=None), 7) == 21
@@ -274,6 +285,15 @@ def test_noam_rule():
     )
     peak = max(range(0, 3 * warmup, 50), key=lambda s: noam_multiplier(s, warmup, d_model))
     assert abs(peak - warmup) <= 50
+
+
+def test_adamw_is_fused_where_torch_has_the_kernel():
+    """The CPU and CUDA get torch's fused AdamW (its default on the CPU is a loop over the
+    tensors, 9x slower); another device its default, whose kernels it has."""
+    weights = [torch.nn.Parameter(torch.zeros(3))]
+    assert adamw(weights, "cpu", lr=0.1).defaults["fused"] is True
+    assert adamw(weights, torch.device("cuda", 0), lr=0.1).defaults["fused"] is True
+    assert adamw(weights, "mps", lr=0.1).defaults["fused"] is False
 
 
 def test_no_weight_decay_on_biases_and_norms():
