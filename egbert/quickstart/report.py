@@ -252,6 +252,16 @@ def majority_column(against: Mapping[str, Mapping[str, Difference]]) -> dict[str
     return column
 
 
+def score_table(
+    rows: Mapping[str, Mapping[str, float]],
+    tasks: Sequence[str],
+    extra: Mapping[str, Mapping[str, str]] | None = None,
+) -> str:
+    """A results table of quickstart's: the GLUE score table, NOT_AVERAGED left out of the
+    average."""
+    return glue_score_table(rows, tasks, NOT_AVERAGED, extra)
+
+
 def write_report(
     output_dir: Path,
     tasks: list[str],
@@ -278,18 +288,14 @@ def write_report(
     beats_majority = {"vs majority class": majority_column(against_majority)}
     tables = {
         "pretraining": pretraining_table(pretraining),
-        "fine-tuning": glue_score_table(
-            by_label, tasks, NOT_AVERAGED, {"seeds": per_seed} if per_seed else None
-        ),
-        "probe": glue_score_table(
-            {**labelled(probed), "majority class": majority}, tasks, NOT_AVERAGED, beats_majority
+        "fine-tuning": score_table(by_label, tasks, {"seeds": per_seed} if per_seed else None),
+        "probe": score_table(
+            {**labelled(probed), "majority class": majority}, tasks, beats_majority
         ),
     }
     notes = {"probe": sizes_note(probes, "Training examples")}
     if prompts:
-        tables["k-shot prompting"] = glue_score_table(
-            labelled(prompted), prompt_tasks, NOT_AVERAGED, beats_majority
-        )
+        tables["k-shot prompting"] = score_table(labelled(prompted), prompt_tasks, beats_majority)
         notes["k-shot prompting"] = sizes_note(prompts, "Dev examples")
     else:
         tables["k-shot prompting"] = "skipped: the probe had spent the evaluation's share."
