@@ -96,7 +96,16 @@ def generate_text(
     are checked as the command line's (`GenerateArguments`).
     """
     GenerateArguments(
-        str(model_dir), prompt, max_new_tokens, temperature, top_k, top_p, seed, bf16, fp16
+        model=str(model_dir),
+        prompt=prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        bf16=bf16,
+        fp16=fp16,
+        allow_pickle=allow_pickle,
     )
     model_dir = Path(model_dir)
     check_generative_model(model_dir)
