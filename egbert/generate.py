@@ -117,12 +117,7 @@ def generate_text(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device).eval()
     input_ids = prompt_ids(tokenizer, prompt, model.config).to(device)
-    length = input_ids.shape[1] + max_new_tokens
-    if length > model.config.max_position_embeddings:
-        raise ConfigError(
-            f"prompt ({input_ids.shape[1]} tokens) + --max-new-tokens ({max_new_tokens}) exceeds "
-            f"the model's {model.config.max_position_embeddings} positions; shorten one of them"
-        )
+    check_room(input_ids.shape[1], max_new_tokens, model.config.max_position_embeddings)
     sampling = bool(temperature)
     # explicit values, so defaults in the model's generation_config.json do not filter silently
     options = {"temperature": temperature, "top_k": top_k or 0, "top_p": top_p or 1.0}
@@ -143,6 +138,15 @@ def generate_text(
             **(options if sampling else {}),
         )
     return tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)
+
+
+def check_room(prompt_tokens: int, max_new_tokens: int, positions: int) -> None:
+    """The prompt and what is generated after it must fit the model's position table."""
+    if prompt_tokens + max_new_tokens > positions:
+        raise ConfigError(
+            f"prompt ({prompt_tokens} tokens) + --max-new-tokens ({max_new_tokens}) exceeds "
+            f"the model's {positions} positions; shorten one of them"
+        )
 
 
 def prompt_ids(tokenizer, prompt: str, config) -> torch.Tensor:
