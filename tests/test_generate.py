@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from egbert.cli import main as cli
 from egbert.errors import ConfigError
-from egbert.generate import generate_text
+from egbert.generate import check_room, generate_text
 from egbert.models.bert import EgbertBertConfig, EgbertBertModel
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 
@@ -218,3 +218,14 @@ def test_temperature_sharpens_the_distribution_as_softmax_of_logits_over_t(
     assert len(words) == 100 and set(words) <= set(WORDS)
     spread = 4.5 * (100 * cat * (1 - cat)) ** 0.5
     assert abs(words.count(" cat") - 100 * cat) < spread, (words.count(" cat"), 100 * cat)
+
+
+def test_a_prompt_and_its_continuation_must_fit_the_position_table():
+    """4 prompt tokens and 60 new fill a table of 64 exactly; 5 and 60 are refused in one line."""
+    check_room(4, 60, 64)
+    with pytest.raises(ConfigError) as refused:
+        check_room(5, 60, 64)
+    assert str(refused.value) == (
+        "prompt (5 tokens) + --max-new-tokens (60) exceeds the model's 64 positions; "
+        "shorten one of them"
+    )
