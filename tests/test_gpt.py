@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import yaml
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, pipeline
 
+import egbert.models.gpt as gpt_module
 from egbert.errors import ConfigError
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM, EgbertGPTModel
 
@@ -156,6 +157,70 @@ def test_sampling_is_reproducible_with_a_seed() -> None:
         runs.append(model.generate(ids, temperature=2.0, top_k=50, top_p=0.95, **options))
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[0], runs[2])
+
+
+def wide_and_narrow_weights(model: EgbertGPTForCausalLM) -> tuple[list, list]:
+    """The Linear weights whose output is wider than their input, and the others."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    wide = [m.weight for m in linears if m.out_features > m.in_features]
+    return wide, [m.weight for m in linears if m.out_features <= m.in_features]
+
+
+def generate_rows(model: EgbertGPTForCausalLM, rows: int) -> torch.Tensor:
+    ids = random_ids(batch=rows, length=4).to(model.device)
+    # one new token: the prompt's step alone, so the layout is set by the first step
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1)
+
+
+# On the CPU by nature: the decoding layout is a CPU one (cuBLAS needs none)
+def test_one_row_decoding_stores_the_wide_weights_transposed_until_training(tmp_path) -> None:
+    model = tiny_model()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with torch.inference_mode():
+        generate_rows(model, rows=1)
+    wide, narrow = wide_and_narrow_weights(model)
+    assert len(wide) == 2 * 2 + 1  # each layer's qkv and up, and the LM head
+    assert all(w.t().is_contiguous() and not w.is_contiguous() for w in wide)
+    assert all(w.is_contiguous() for w in narrow)
+    assert model.lm_head.weight is model.gpt.embeddings.word_embeddings.weight
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+    # generated under inference_mode, the weights are still ones a backward can use
+    model(random_ids(), labels=random_ids()).loss.backward()
+    model.save_pretrained(tmp_path)
+    reloaded = EgbertGPTForCausalLM.from_pretrained(tmp_path)
+    assert all(w.is_contiguous() for w in sum(wide_and_narrow_weights(reloaded), []))
+    for name, tensor in reloaded.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+
+    generate_rows(model, rows=2)
+    assert all(w.is_contiguous() for w in wide_and_narrow_weights(model)[0])
+    generate_rows(model, rows=1)
+    model.train()
+    assert all(w.is_contiguous() for w in wide_and_narrow_weights(model)[0])
+
+
+def test_one_row_decoding_keeps_bf16_weights_row_major() -> None:
+    model = tiny_model().to(torch.bfloat16)
+    generate_rows(model, rows=1)
+    assert all(w.is_contiguous() for w in wide_and_narrow_weights(model)[0])
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_the_decoding_layout_generates_the_tokens_the_row_major_one_does(
+    monkeypatch, sample: bool
+) -> None:
+    model = tiny_model(vocab_size=1000, hidden_size=64, intermediate_size=256)
+    ids = random_ids(batch=1, length=4)
+    options = dict(attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=sample)
+    torch.manual_seed(3)
+    transposed = model.generate(ids, **options)
+    assert not model.lm_head.weight.is_contiguous()
+    model.train().eval()
+    monkeypatch.setattr(gpt_module, "lay_out_for_decoding", lambda model, rows: None)
+    torch.manual_seed(3)
+    assert torch.equal(model.generate(ids, **options), transposed)
+    assert model.lm_head.weight.is_contiguous()
 
 
 def test_loss_shifts_labels_and_ignores_minus_100() -> None:
