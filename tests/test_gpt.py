@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -206,21 +208,70 @@ def test_one_row_decoding_keeps_bf16_weights_row_major() -> None:
     assert all(w.is_contiguous() for w in wide_and_narrow_weights(model)[0])
 
 
+@contextmanager
+def threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads at `count` for a block (the suite runs on one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("sample", [False, True])
-def test_the_decoding_layout_generates_the_tokens_the_row_major_one_does(
-    monkeypatch, sample: bool
+def test_the_cpu_decoding_paths_generate_the_tokens_the_plain_ones_do(
+    monkeypatch, rows: int, sample: bool
 ) -> None:
     model = tiny_model(vocab_size=1000, hidden_size=64, intermediate_size=256)
-    ids = random_ids(batch=1, length=4)
+    ids = random_ids(batch=rows, length=4)
     options = dict(attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=sample)
-    torch.manual_seed(3)
-    transposed = model.generate(ids, **options)
-    assert not model.lm_head.weight.is_contiguous()
-    model.train().eval()
-    monkeypatch.setattr(gpt_module, "lay_out_for_decoding", lambda model, rows: None)
-    torch.manual_seed(3)
-    assert torch.equal(model.generate(ids, **options), transposed)
-    assert model.lm_head.weight.is_contiguous()
+    with threads(2):
+        torch.manual_seed(3)
+        fast = model.generate(ids, **options)
+        assert model.lm_head.weight.is_contiguous() == (rows > 1)
+        model.train().eval()
+        monkeypatch.setattr(gpt_module, "lay_out_for_decoding", lambda model, rows: None)
+        monkeypatch.setattr(gpt_module.LMHead, "forward", torch.nn.Linear.forward)
+        torch.manual_seed(3)
+        assert torch.equal(model.generate(ids, **options), fast)
+
+
+def matrix_products(head: gpt_module.LMHead, hidden: torch.Tensor) -> list[list[int]]:
+    """The operand shapes of each aten::mm the head's forward runs."""
+    with torch.profiler.profile(record_shapes=True) as profile:
+        head(hidden)
+    return [event.input_shapes for event in profile.events() if event.name == "aten::mm"]
+
+
+# On the CPU by nature: the product's order is a CPU (MKL) one
+def test_the_lm_head_puts_its_weight_first_for_2_to_64_rows_without_gradients() -> None:
+    head = tiny_model(vocab_size=1000).lm_head  # hidden size 32
+    for rows in (1, 2, 64, 65):
+        hidden = torch.randn(rows, 1, 32)
+        with threads(2), torch.no_grad():
+            logits = head(hidden)
+            weight_first = [[1000, 32], [32, rows]] in matrix_products(head, hidden)
+        assert weight_first == (2 <= rows <= 64), rows
+        assert logits.shape == (rows, 1, 1000) and logits.is_contiguous()
+        torch.testing.assert_close(logits, F.linear(hidden, head.weight), rtol=1e-5, atol=1e-5)
+    hidden = torch.randn(8, 1, 32)
+    with threads(2):
+        assert [[1000, 32], [32, 8]] not in matrix_products(head, hidden)  # gradients on
+        with torch.no_grad():
+            assert [[1000, 32], [32, 8]] not in matrix_products(head.bfloat16(), hidden.bfloat16())
+    with torch.no_grad():
+        assert [[1000, 32], [32, 8]] not in matrix_products(head.float(), hidden)  # one thread
+    with threads(2), torch.no_grad():  # compiled: one graph, nn.Linear's product
+        torch._dynamo.reset()
+        compiled = torch.compile(head, backend="eager", fullgraph=True)
+        torch.testing.assert_close(compiled(hidden), F.linear(hidden, head.weight))
+    biased = gpt_module.LMHead(32, 1000, bias=True)
+    head.weight.data = head.weight.data.t().contiguous().t()  # one row's decoding layout
+    with threads(2), torch.no_grad():
+        assert [[1000, 32], [32, 8]] not in matrix_products(head, hidden)
+        torch.testing.assert_close(biased(hidden), F.linear(hidden, biased.weight, biased.bias))
 
 
 def test_loss_shifts_labels_and_ignores_minus_100() -> None:

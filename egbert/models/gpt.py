@@ -176,6 +176,34 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
         return output if _default(return_dict, self.config.return_dict) else output.to_tuple()
 
 
+class LMHead(nn.Linear):
+    """The LM head: nn.Linear, its product computed as (weight @ hidden^T)^T for 2 to 64 rows
+    without gradients in fp32 on a CPU with more than one thread. For so few rows MKL multiplies
+    hidden by weight^T on one thread; the other way round it splits the vocabulary among the
+    threads, about 2x faster on 2 cores at 8 rows (docs/performance.md, run E)."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = hidden.shape[:-1].numel()
+        if not self.weight_first_pays(rows):
+            return super().forward(hidden)
+        logits = self.weight @ hidden.reshape(rows, self.in_features).T
+        return logits.T.contiguous().view(*hidden.shape[:-1], self.out_features)
+
+    def weight_first_pays(self, rows: int) -> bool:
+        # compiled, a graph chooses its own kernels; with gradients, training keeps nn.Linear's
+        if torch.compiler.is_compiling() or torch.is_grad_enabled():
+            return False
+        weight = self.weight
+        return (
+            2 <= rows <= 64
+            and self.bias is None
+            and weight.device.type == "cpu"
+            and weight.dtype == torch.float32
+            and weight.is_contiguous()
+            and torch.get_num_threads() > 1
+        )
+
+
 class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
     """The decoder with a tied LM head: next-token loss for training, generate() for text."""
 
@@ -184,7 +212,7 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
     def __init__(self, config: EgbertGPTConfig):
         super().__init__(config)
         self.gpt = EgbertGPTModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Linear:
