@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from conftest import torch_threads
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, pipeline
 
 import egbert.models.gpt as gpt_module
@@ -208,17 +207,6 @@ def test_one_row_decoding_keeps_bf16_weights_row_major() -> None:
     assert all(w.is_contiguous() for w in wide_and_narrow_weights(model)[0])
 
 
-@contextmanager
-def threads(count: int) -> Iterator[None]:
-    """torch's intra-op threads at `count` for a block (the suite runs on one)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("sample", [False, True])
 def test_the_cpu_decoding_paths_generate_the_tokens_the_plain_ones_do(
@@ -227,7 +215,7 @@ def test_the_cpu_decoding_paths_generate_the_tokens_the_plain_ones_do(
     model = tiny_model(vocab_size=1000, hidden_size=64, intermediate_size=256)
     ids = random_ids(batch=rows, length=4)
     options = dict(attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=sample)
-    with threads(2):
+    with torch_threads(2):
         torch.manual_seed(3)
         fast = model.generate(ids, **options)
         assert model.lm_head.weight.is_contiguous() == (rows > 1)
@@ -250,26 +238,26 @@ def test_the_lm_head_puts_its_weight_first_for_2_to_64_rows_without_gradients() 
     head = tiny_model(vocab_size=1000).lm_head  # hidden size 32
     for rows in (1, 2, 64, 65):
         hidden = torch.randn(rows, 1, 32)
-        with threads(2), torch.no_grad():
+        with torch_threads(2), torch.no_grad():
             logits = head(hidden)
             weight_first = [[1000, 32], [32, rows]] in matrix_products(head, hidden)
         assert weight_first == (2 <= rows <= 64), rows
         assert logits.shape == (rows, 1, 1000) and logits.is_contiguous()
         torch.testing.assert_close(logits, F.linear(hidden, head.weight), rtol=1e-5, atol=1e-5)
     hidden = torch.randn(8, 1, 32)
-    with threads(2):
+    with torch_threads(2):
         assert [[1000, 32], [32, 8]] not in matrix_products(head, hidden)  # gradients on
         with torch.no_grad():
             assert [[1000, 32], [32, 8]] not in matrix_products(head.bfloat16(), hidden.bfloat16())
     with torch.no_grad():
         assert [[1000, 32], [32, 8]] not in matrix_products(head.float(), hidden)  # one thread
-    with threads(2), torch.no_grad():  # compiled: one graph, nn.Linear's product
+    with torch_threads(2), torch.no_grad():  # compiled: one graph, nn.Linear's product
         torch._dynamo.reset()
         compiled = torch.compile(head, backend="eager", fullgraph=True)
         torch.testing.assert_close(compiled(hidden), F.linear(hidden, head.weight))
     biased = gpt_module.LMHead(32, 1000, bias=True)
     head.weight.data = head.weight.data.t().contiguous().t()  # one row's decoding layout
-    with threads(2), torch.no_grad():
+    with torch_threads(2), torch.no_grad():
         assert [[1000, 32], [32, 8]] not in matrix_products(head, hidden)
         torch.testing.assert_close(biased(hidden), F.linear(hidden, biased.weight, biased.bias))
 
