@@ -193,13 +193,11 @@ class LMHead(nn.Linear):
         # compiled, a graph chooses its own kernels; with gradients, training keeps nn.Linear's
         if torch.compiler.is_compiling() or torch.is_grad_enabled():
             return False
-        weight = self.weight
         return (
             2 <= rows <= 64
             and self.bias is None
-            and weight.device.type == "cpu"
-            and weight.dtype == torch.float32
-            and weight.is_contiguous()
+            and fp32_on_the_cpu(self.weight)
+            and self.weight.is_contiguous()
             and torch.get_num_threads() > 1
         )
 
@@ -320,11 +318,17 @@ def lay_out_for_decoding(model: nn.Module, rows: int) -> None:
             if not isinstance(module, nn.Linear) or module.out_features <= module.in_features:
                 continue
             weight = module.weight
-            transposed = rows == 1 and weight.device.type == "cpu" and weight.dtype == torch.float32
+            transposed = rows == 1 and fp32_on_the_cpu(weight)
             if transposed and weight.is_contiguous():
                 weight.data = weight.data.t().contiguous().t()
             elif not transposed and not weight.is_contiguous():
                 weight.data = weight.data.contiguous()
+
+
+def fp32_on_the_cpu(weight: torch.Tensor) -> bool:
+    """Where MKL multiplies the weight, the library both decoding paths are tuned for (bf16 goes
+    through oneDNN, a GPU through cuBLAS: the plain layout and product there)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32
 
 
 def _default(value: bool | None, config_value: bool | None) -> bool:
