@@ -179,6 +179,7 @@ def test_one_row_decoding_stores_the_wide_weights_transposed_until_training(tmp_
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     with torch.inference_mode():
         generate_rows(model, rows=1)
+        generate_rows(model, rows=1)  # already laid out: stays so
     wide, narrow = wide_and_narrow_weights(model)
     assert len(wide) == 2 * 2 + 1  # each layer's qkv and up, and the LM head
     assert all(w.t().is_contiguous() and not w.is_contiguous() for w in wide)
@@ -244,6 +245,11 @@ def test_the_lm_head_puts_its_weight_first_for_2_to_64_rows_without_gradients() 
         assert weight_first == (2 <= rows <= 64), rows
         assert logits.shape == (rows, 1, 1000) and logits.is_contiguous()
         torch.testing.assert_close(logits, F.linear(hidden, head.weight), rtol=1e-5, atol=1e-5)
+    hidden = torch.randn(2, 3, 32)  # 6 rows in a (batch, seq) shape
+    with torch_threads(2), torch.no_grad():
+        logits = head(hidden)
+        assert [[1000, 32], [32, 6]] in matrix_products(head, hidden)
+    torch.testing.assert_close(logits, F.linear(hidden, head.weight), rtol=1e-5, atol=1e-5)
     hidden = torch.randn(8, 1, 32)
     with torch_threads(2):
         assert [[1000, 32], [32, 8]] not in matrix_products(head, hidden)  # gradients on
