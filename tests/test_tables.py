@@ -58,3 +58,16 @@ def test_glue_score_table_averages_all_but_the_tasks_left_out_and_marks_them() -
     ]
     nothing_left_out = glue_score_table({"bert": scores["bert"]}, ["cola", "wnli"])
     assert nothing_left_out.splitlines()[-1] == "| bert | 20.0 | 56.0 | 38.0 |"
+
+
+def test_glue_score_table_names_mrpc_and_qqp_by_f1_and_averages_nothing_when_all_are_left_out():
+    """MRPC and QQP both left out: their columns say F1/acc, the average cell stays blank (no
+    task to average), and the footnote names the two, comma-separated."""
+    table = glue_score_table({"m": {"mrpc": 0.8, "qqp": 0.7}}, ["mrpc", "qqp"], ("mrpc", "qqp"))
+    assert table.splitlines() == [
+        "| model | average | mrpc (F1/acc)* | qqp (F1/acc)* |",
+        "|---|---:|---:|---:|",
+        "| m |  | 80.0 | 70.0 |",
+        "",
+        r"\* not averaged: mrpc, qqp dev sets do not move at this scale.",
+    ]
