@@ -6,6 +6,7 @@ here from their definitions, and the tokens drawn must come from that."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,25 @@ def run_cli(capsys: pytest.CaptureFixture, *args: str) -> str:
     capsys.readouterr()
     cli(["generate", *args])
     return capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (dict(prompt="bad \udcff byte"), "--prompt holds bytes that are not valid text"),
+        (dict(max_new_tokens=0), "--max-new-tokens must be at least 1, got 0"),
+        (dict(temperature=-1.0), "--temperature must be >= 0 (0 = greedy), got -1.0"),
+        (dict(top_k=0), "--top-k must be at least 1, got 0"),
+        (dict(top_p=1.5), "--top-p must be in (0, 1], got 1.5"),
+    ],
+)
+def test_the_python_api_refuses_the_options_the_command_refuses(
+    gpt_dir: Path, option: dict, message: str
+) -> None:
+    """generate_text checks each option itself, before loading the model."""
+    arguments = dict(prompt=PROMPT, max_new_tokens=4, temperature=1.0, top_k=5, top_p=0.9)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        generate_text(gpt_dir, **{**arguments, **option})
 
 
 @proves("generate", "--model", "--prompt", "--max-new-tokens")
