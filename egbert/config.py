@@ -54,7 +54,6 @@ SCRIPT_HINTS = {
     "--torch-compile": "--compile",
     "--torch-compile-mode": "--compile-mode",
     "--label-smoothing-factor": "--label-smoothing",
-    "--optim": "egbert trains with AdamW (--adam-beta1, --adam-beta2, --adam-epsilon)",
     "--push-to-hub": "`egbert push` after the run",
     "--hub-model-id": "`egbert push --repo-id`",
     "--trust-remote-code": "egbert never runs a model folder's code; drop it",
@@ -62,7 +61,9 @@ SCRIPT_HINTS = {
     "--no-cuda": "--use-cpu",
     "--low-cpu-mem-usage": "drop it",
 }
-SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant")
+SCHEDULES = ("linear", "cosine", "inverse_sqrt", "constant", "wsd")
+# `--optim`: AdamW on every parameter, or Muon on the hidden matrices with AdamW on the rest
+OPTIMIZERS = ("adamw", "muon")
 # torch.compile's modes (torch.compile's docs); "default" is what --compile uses unless told
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # `--report-to`: Accelerate's trackers by name, or none
@@ -88,9 +89,32 @@ class TrainingArguments:
     }
 
     output_dir: str = field(metadata={"help": "run directory: checkpoints, logs, final model"})
+    optim: str = field(
+        default="adamw",
+        metadata={
+            "help": "the optimizer: adamw, or muon (torch.optim.Muon on the 2-d weight matrices "
+            "of the model's body, AdamW with --lr and --weight-decay on embeddings, heads, norms "
+            "and biases; not with FSDP or DeepSpeed)",
+            "choices": list(OPTIMIZERS),
+        },
+    )
     lr: float = field(default=5e-4, metadata={"help": "peak learning rate (a scale for Noam)"})
     weight_decay: float = field(
         default=0.01, metadata={"help": "AdamW decay (not on biases/norms)"}
+    )
+    muon_lr: float | None = field(
+        default=None,
+        metadata={
+            "help": "--optim muon: peak learning rate of the Muon matrices (unset: --lr; Muon's "
+            "updates are scaled to AdamW's RMS, as Moonshot's match_rms_adamw, so one lr serves "
+            "both)"
+        },
+    )
+    muon_weight_decay: float = field(
+        default=0.0, metadata={"help": "--optim muon: decoupled weight decay of the Muon matrices"}
+    )
+    muon_momentum: float = field(
+        default=0.95, metadata={"help": "--optim muon: Muon's (Nesterov) momentum"}
     )
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
@@ -119,6 +143,13 @@ class TrainingArguments:
     schedule: str = field(
         default="linear",
         metadata={"help": "learning-rate schedule", "choices": list(SCHEDULES)},
+    )
+    wsd_decay: float = field(
+        default=0.2,
+        metadata={
+            "help": "--schedule wsd (warmup-stable-decay): the share of the run, at its end, "
+            "over which the lr falls linearly from its peak to 0"
+        },
     )
     warmup_steps: float = field(
         default=0.0,
@@ -278,6 +309,7 @@ class TrainingArguments:
             "weight_decay": self.weight_decay,
             "warmup_steps": self.warmup_steps,
             "max_grad_norm": self.max_grad_norm,
+            "muon_weight_decay": self.muon_weight_decay,
             "eval_every": self.eval_every,
             "save_every": self.save_every,
             "skip_nonfinite": self.skip_nonfinite,
@@ -296,6 +328,9 @@ class TrainingArguments:
             raise ConfigError(
                 f"unknown --compile-mode {self.compile_mode!r}; use one of {COMPILE_MODES}"
             )
+        self._check_optimizer()
+        if not 0 < self.wsd_decay <= 1:
+            raise ConfigError(f"--wsd-decay must be in (0, 1], got {self.wsd_decay}")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"unknown --schedule {self.schedule!r}; use one of {SCHEDULES}")
         if self.warmup_steps >= 1 and self.warmup_steps != int(self.warmup_steps):
@@ -310,6 +345,14 @@ class TrainingArguments:
             raise ConfigError("--bf16 and --fp16 are two mixed precisions: choose one")
         if self.schedule == "inverse_sqrt" and not self.warmup_steps >= 1:
             raise ConfigError("--schedule inverse_sqrt needs --warmup-steps as a number of steps")
+
+    def _check_optimizer(self) -> None:
+        if self.optim not in OPTIMIZERS:
+            raise ConfigError(f"unknown --optim {self.optim!r}; use one of {OPTIMIZERS}")
+        if self.muon_lr is not None and not self.muon_lr > 0:
+            raise ConfigError(f"--muon-lr must be > 0, got {self.muon_lr}")
+        if not 0 <= self.muon_momentum < 1:
+            raise ConfigError(f"--muon-momentum must be in [0, 1), got {self.muon_momentum}")
 
     def _check_batch_ramp(self) -> None:
         ramp = f"--batch-ramp-to {self.batch_ramp_to}"

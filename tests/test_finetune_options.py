@@ -118,7 +118,8 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
         "metric_for_best_model": "loss", "greater_is_better": False, "num_workers": 1,
         "compile": True, "compile_mode": "max-autotune", "use_cpu": True,
         "ddp_find_unused_parameters": True, "resume_from_checkpoint": "o/checkpoints/step-3",
-        "replay_clock": "done",
+        "replay_clock": "done", "optim": "muon", "muon_lr": 0.02, "muon_weight_decay": 0.1,
+        "muon_momentum": 0.9, "wsd_decay": 0.3,
     }  # fmt: skip
     argv = []
     for name, value in values.items():
@@ -355,6 +356,36 @@ def test_the_optimizer_is_adamw_with_the_options_given(tiny_egbert_bert_dir, mic
     assert decayed == {
         name for name, p in model.named_parameters() if p.ndim >= 2 and "norm" not in name.lower()
     }
+
+
+@proves("finetune", "--optim", "--muon-lr", "--muon-weight-decay", "--muon-momentum")
+def test_muon_trains_the_encoders_matrices_and_adamw_the_classifier(
+    tiny_egbert_bert_dir, micro_data, tmp_path
+):
+    argv = rte(tiny_egbert_bert_dir, micro_data, tmp_path / "out", "--optim", "muon")
+    argv += ["--muon-lr", "0.02", "--muon-weight-decay", "0.04", "--muon-momentum", "0.9"]
+    trainer = build(*argv, "--lr", "3e-4").trainer
+    optimizer, model = trainer.optimizer.optimizer, trainer.model
+    names = {id(p): name for name, p in model.named_parameters()}
+    (group,) = optimizer.muon.param_groups
+    assert (group["initial_lr"], group["weight_decay"], group["momentum"]) == (0.02, 0.04, 0.9)
+    muon = {names[id(p)] for p in group["params"]}
+    assert muon == {
+        name
+        for name, p in model.named_parameters()
+        if p.ndim == 2 and name.startswith("bert.") and "embeddings" not in name
+    }
+    adamw = {names[id(p)] for group in optimizer.adamw.param_groups for p in group["params"]}
+    assert "classifier.weight" in adamw and adamw == set(names.values()) - muon
+    assert all(group["initial_lr"] == 3e-4 for group in optimizer.adamw.param_groups)
+
+
+@proves("finetune", "--schedule", "--wsd-decay")
+def test_wsd_holds_the_peak_until_its_decay_share(tiny_egbert_bert_dir, micro_data, tmp_path):
+    """4 updates without warmup, the last half decaying: 1, 1, then (4 - step) / 2."""
+    argv = rte(tiny_egbert_bert_dir, micro_data, tmp_path / "out", "--max-steps", "4")
+    argv += ["--schedule", "wsd", "--wsd-decay", "0.5", "--warmup-steps", "0"]
+    assert multipliers(build(*argv).trainer, 4) == pytest.approx([1.0, 1.0, 1.0, 0.5])
 
 
 def multipliers(trainer, steps: int) -> list[float]:

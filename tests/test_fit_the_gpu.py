@@ -163,13 +163,15 @@ def test_a_step_whose_fp16_gradients_overflow_is_skipped_counted_and_logged(tmp_
     assert all(torch.isfinite(tensor).all() for tensor in weights(tmp_path).values())
 
 
+@pytest.mark.parametrize("optim", ["adamw", "muon"])
 @proves("pretrain", "--resume")
-def test_the_loss_scale_survives_a_kill_and_the_resume_is_exact(tmp_path):
+def test_the_loss_scale_survives_a_kill_and_the_resume_is_exact(tmp_path, optim):
     """An overflow at the second batch lowers the scale before checkpoint step-2; the process
     dies in step 3; resumed, the run goes on at the lowered scale (saved in the checkpoint, not
-    GradScaler's initial one) and ends with the uninterrupted run's weights and losses."""
+    GradScaler's initial one) and ends with the uninterrupted run's weights and losses; with
+    Muon too (GradScaler unscales and skips both optimizers' steps as one)."""
     boosted = epoch_order(24, seed=1, epoch=0)[4]
-    options = {"fp16": True, "save_every": 2, "schedule": "constant", "lr": 1e-2}
+    options = {"fp16": True, "save_every": 2, "schedule": "constant", "lr": 1e-2, "optim": optim}
     train(tmp_path / "clean", Harness(boosted), **options)
     with pytest.raises(Killed):
         train(tmp_path / "killed", Harness(boosted, die_at=4), **options)

@@ -357,7 +357,8 @@ API_OPTIONS = [
         "model": "bert", "tokenizer": "tok", "train_files": ["a.txt"], "dupe_factor": 2,
         "validation_files": ["v.txt"], "output_dir": "out", "overwrite_output_dir": True,
         "fp16": True, "gradient_checkpointing": True, "auto_find_batch_size": True,
-        "group_by_length": True,
+        "group_by_length": True, "optim": "muon", "muon_lr": 0.02, "muon_weight_decay": 0.1,
+        "muon_momentum": 0.9, "wsd_decay": 0.3,
     },
 ]  # fmt: skip
 

@@ -113,6 +113,15 @@ def next_token_loss(model_dir: Path, blocks: list[list[int]]) -> float:
             {"loss", "forward_perplexity", "backward_perplexity", "perplexity"},
             {"forward_loss": 0.5, "backward_loss": 0.5},
         ),
+        # Muon on every family's matrices (elmo's LSTMs included), AdamW on the rest
+        ("bert", ["--optim", "muon", "--nsp", "false"], {"loss", "mlm_loss"}, {}),
+        ("gpt", ["--optim", "muon"], {"loss", "perplexity"}, {}),
+        (
+            "elmo",
+            ["--optim", "muon"],
+            {"loss", "perplexity"},
+            {"forward_loss": 0.5, "backward_loss": 0.5},
+        ),
     ],
 )
 def test_tiny_preset_pretrains_and_validation_loss_falls(

@@ -184,11 +184,13 @@ def schedule_lr(schedule: str, step: int, total: int, warmup: int, peak: float) 
             "linear": 1 - progress,
             "cosine": 0.5 * (1 + math.cos(math.pi * progress)),
             "constant": 1.0,
+            # stable at the peak, then linearly to 0 over the last 20% of the run (--wsd-decay)
+            "wsd": min(1.0, (total - step) / (0.2 * total)),
         }[schedule]
     )
 
 
-@pytest.mark.parametrize("schedule", ["linear", "cosine", "constant", "inverse_sqrt"])
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "constant", "inverse_sqrt", "wsd"])
 @pytest.mark.parametrize("warmup", [["--warmup-steps", "3"], ["--warmup-ratio", "0.375"]])
 @proves("pretrain", "--schedule", "--warmup-steps", "--warmup-ratio", "--lr")
 def test_each_step_runs_at_the_rate_of_the_schedule(tmp_path, schedule, warmup):
@@ -200,6 +202,135 @@ def test_each_step_runs_at_the_rate_of_the_schedule(tmp_path, schedule, warmup):
     trainer.train()
     expected = [schedule_lr(schedule, step, 8, 3, 0.5) for step in range(8)]
     assert [record["lr"] for record in records(trainer, "train")] == pytest.approx(expected)
+
+
+@proves("pretrain", "--schedule", "--wsd-decay")
+def test_wsd_decays_over_the_share_of_the_run_wsd_decay_names(tmp_path):
+    """8 steps, warmup 2, the last half decaying: 0, 0.5, then 1 until step 4, then 8 - step
+    quarters of the peak."""
+    argv = ["--schedule", "wsd", "--wsd-decay", "0.5", "--warmup-steps", "2", "--lr", "0.4"]
+    trainer = trainer_of(options(tmp_path, *argv, "--max-steps", "8"))
+    trainer.train()
+    expected = [0.0, 0.2, 0.4, 0.4, 0.4, 0.3, 0.2, 0.1]
+    assert [record["lr"] for record in records(trainer, "train")] == pytest.approx(expected)
+
+
+# ---------------------------------------------------------------- Muon
+
+
+MUON_OPTIONS = ["--optim", "muon", "--muon-lr", "0.03", "--muon-weight-decay", "0.05"]
+MUON_OPTIONS += ["--muon-momentum", "0.8", "--lr", "0.02", "--weight-decay", "0.3"]
+
+
+@proves("pretrain", "--optim", "--muon-lr", "--muon-weight-decay", "--muon-momentum")
+def test_muon_gets_its_options_and_the_matrices_adamw_the_rest(tmp_path):
+    """TinyLM's body is the model itself: its one matrix that is no embedding is the head."""
+    trainer = trainer_of(options(tmp_path, *MUON_OPTIONS, "--schedule", "constant"))
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    optimizer = trainer.optimizer.optimizer
+    (muon_group,) = optimizer.muon.param_groups
+    assert [id(param) for param in muon_group["params"]] == [id(model.head.weight)]
+    assert (muon_group["lr"], muon_group["weight_decay"], muon_group["momentum"]) == (
+        0.03,
+        0.05,
+        0.8,
+    )
+    adamw_decay = {
+        id(param): group["weight_decay"]
+        for group in optimizer.adamw.param_groups
+        for param in group["params"]
+    }
+    rest = {name for name, param in model.named_parameters() if param is not model.head.weight}
+    assert {name for name, p in model.named_parameters() if id(p) in adamw_decay} == rest
+    for name, param in model.named_parameters():
+        if name in rest:
+            assert adamw_decay[id(param)] == (0.3 if decays(name, param) else 0.0), name
+    assert all(group["lr"] == 0.02 for group in optimizer.adamw.param_groups)
+    assert optimizer.param_groups == optimizer.muon.param_groups + optimizer.adamw.param_groups
+
+
+@proves("pretrain", "--optim", "--muon-lr", "--muon-weight-decay", "--muon-momentum")
+@proves("pretrain", "--grad-accum")
+def test_the_trainer_steps_as_a_plain_muon_and_adamw_loop(tmp_path):
+    """Three steps of two accumulated half batches equal three steps of torch's Muon on the
+    head (Moonshot's lr scaling) and AdamW on the rest, on the whole batch."""
+    argv = [*MUON_OPTIONS, "--schedule", "constant", "--max-grad-norm", "0"]
+    argv += ["--batch-size", "12", "--grad-accum", "2", "--max-steps", "3"]
+    trainer_of(options(tmp_path, *argv)).train()
+
+    model = tiny_lm()
+    params = dict(model.named_parameters())
+    muon = torch.optim.Muon(
+        [model.head.weight],
+        lr=0.03,
+        weight_decay=0.05,
+        momentum=0.8,
+        adjust_lr_fn="match_rms_adamw",
+    )
+    rest = {name: param for name, param in params.items() if name != "head.weight"}
+    groups = [
+        {"params": [p for n, p in rest.items() if decays(n, p)], "weight_decay": 0.3},
+        {"params": [p for n, p in rest.items() if not decays(n, p)], "weight_decay": 0.0},
+    ]
+    adamw = torch.optim.AdamW(groups, lr=0.02)
+    for _ in range(3):
+        model(**whole_batch()).loss.backward()
+        for optimizer in (muon, adamw):
+            optimizer.step()
+            optimizer.zero_grad()
+    trained = load_file(tmp_path / "model" / "model.safetensors")
+    for name, param in params.items():
+        torch.testing.assert_close(trained[name], param.detach(), atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt", "elmo"])
+def test_muon_takes_the_bodys_matrices_and_leaves_embeddings_and_heads_to_adamw(family):
+    """bert's pretraining heads (the MLM transform, NSP) lie outside its body; the LM heads of
+    bert and gpt are the embedding table; elmo's body holds its LSTMs' three matrices."""
+    from egbert.models import bert, elmo, gpt
+    from egbert.training.optimization import muon_matrices
+
+    config_class = {"bert": bert.EgbertBertConfig, "gpt": gpt.EgbertGPTConfig}
+    config_class["elmo"] = elmo.EgbertElmoConfig
+    model_class = {"bert": bert.EgbertBertForPreTraining, "gpt": gpt.EgbertGPTForCausalLM}
+    model_class["elmo"] = elmo.EgbertElmoForBidirectionalLM
+    size = {"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 1}
+    if family != "elmo":
+        size |= {"num_attention_heads": 2, "intermediate_size": 32}
+    model = model_class[family](config_class[family](**size))
+    chosen = {id(param) for param in muon_matrices(model)}
+    names = sorted(name for name, param in model.named_parameters() if id(param) in chosen)
+    expected = {
+        "bert": ["bert.layers.0.attention.out.weight", "bert.layers.0.attention.qkv.weight"]
+        + ["bert.layers.0.feed_forward.down.weight", "bert.layers.0.feed_forward.up.weight"]
+        + ["bert.pooler.weight"],
+        "gpt": ["gpt.layers.0.attention.out.weight", "gpt.layers.0.attention.qkv.weight"]
+        + ["gpt.layers.0.feed_forward.down.weight", "gpt.layers.0.feed_forward.up.weight"],
+        "elmo": [
+            f"elmo.{direction}_lstm.layers.0.weight_{kind}_l0"
+            for direction in ("backward", "forward")
+            for kind in ("hh", "hr", "ih")
+        ],
+    }[family]
+    assert names == expected
+
+
+def test_muon_lr_unset_is_the_adamw_lr(tmp_path):
+    trainer = trainer_of(options(tmp_path, "--optim", "muon", "--lr", "0.07"))
+    assert trainer.optimizer.optimizer.muon.param_groups[0]["initial_lr"] == 0.07
+
+
+@pytest.mark.parametrize("engine", ["FSDP", "DEEPSPEED"])
+def test_muon_is_refused_where_the_engine_shards_or_owns_the_optimizer(engine):
+    from accelerate.utils import DistributedType
+
+    from egbert.errors import ConfigError
+    from egbert.training.optimization import check_muon_engine
+
+    with pytest.raises(ConfigError, match="--optim muon does not run under .*--optim adamw"):
+        check_muon_engine("muon", DistributedType[engine])
+    check_muon_engine("adamw", DistributedType[engine])
+    check_muon_engine("muon", DistributedType.MULTI_CPU)
 
 
 # ---------------------------------------------------------------- precision, smoothing, device
@@ -289,11 +420,13 @@ def test_greater_is_better_keeps_the_evaluation_with_the_largest_metric(tmp_path
 # ---------------------------------------------------------------- resume
 
 
+@pytest.mark.parametrize("optim", ["adamw", "muon"])
 @proves("pretrain", "--resume")
-def test_resume_goes_on_to_the_weights_of_an_uninterrupted_run(tmp_path):
-    """Dropout and noisy inputs: the checkpoint must bring back the RNG, the optimizer and the
-    place in the epoch for the resumed steps to be the uninterrupted run's."""
-    argv = ["--schedule", "constant", "--lr", "0.05", "--save-every", "2"]
+def test_resume_goes_on_to_the_weights_of_an_uninterrupted_run(tmp_path, optim):
+    """Dropout and noisy inputs: the checkpoint must bring back the RNG, the optimizer (Muon's
+    momentum and AdamW's moments with --optim muon) and the place in the epoch for the resumed
+    steps to be the uninterrupted run's."""
+    argv = ["--schedule", "constant", "--lr", "0.05", "--save-every", "2", "--optim", optim]
     uninterrupted = options(tmp_path / "whole", *argv, "--max-steps", "4")
     torch.manual_seed(0)
     data = TrainingData(tiny_dataset(24), NoisyCollator(0.2))

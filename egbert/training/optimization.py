@@ -1,11 +1,22 @@
 """The optimizer and how a run's learning rate and batch size move: AdamW and its parameter
-groups, the schedules, the warmup, the budget mode and the batch ramp (pure functions of where
-the run stands).
+groups, Muon beside it, the schedules, the warmup, the budget mode and the batch ramp (pure
+functions of where the run stands).
 
-Learning rate. `lr` is the peak rate of `linear`, `cosine` and `constant`; the multiplier
+Optimizer (`optim`). `adamw`: torch's AdamW on every parameter (no decay on biases and norms).
+`muon`: torch.optim.Muon (Jordan et al. 2024, "Muon: an optimizer for hidden layers") on the 2-d
+weight matrices of the model's body (`model.base_model`: attention, feed-forward, the LSTMs'
+matrices), whose momentum it orthogonalises by Newton-Schulz iterations, and AdamW on the rest:
+embeddings (and the LM head tied to them), the heads outside the body, norms and biases, which
+Muon's authors leave to AdamW. Muon's update is scaled to AdamW's RMS (Moonshot's
+`match_rms_adamw`, Liu et al. 2025), so `muon_lr` unset takes `lr`. Both live in one optimizer
+(MuonWithAdamW) so that the schedule, Accelerate, clipping and checkpoints see one.
+
+Learning rate. `lr` is the peak rate of `linear`, `cosine`, `constant` and `wsd`; the multiplier
 (LambdaLR) rises linearly from 0 over the warmup and then falls to 0 at the last step (linear,
 cosine) or stays at 1 (constant), with the same values as transformers'
-`get_{linear,cosine,constant}_schedule_with_warmup`. For `inverse_sqrt` (the Noam rule of
+`get_{linear,cosine,constant}_schedule_with_warmup`. `wsd` (warmup-stable-decay, the trapezoid
+of modded-nanogpt and MiniCPM) stays at 1 after the warmup until the last `wsd_decay` share of
+the run, over which it falls linearly to 0. For `inverse_sqrt` (the Noam rule of
 "Attention Is All You Need") the rate at update n = step + 1 is
     lr * d_model**-0.5 * min(n**-0.5, n * warmup**-1.5),
 d_model being `model.config.hidden_size`: `lr` is a scale, 1.0 gives the paper's rule (peak
@@ -32,6 +43,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+from torch import nn
 
 from egbert.config import SCHEDULES
 from egbert.errors import ConfigError
@@ -39,14 +53,18 @@ from egbert.training.batches import Batching
 
 
 @dataclass(frozen=True)
-class AdamWOptions:
-    """The trainer's AdamW: the TrainingArguments fields of these names."""
+class OptimizerOptions:
+    """The trainer's optimizer: the TrainingArguments fields of these names."""
 
+    optim: str
     lr: float
     weight_decay: float
     adam_beta1: float
     adam_beta2: float
     adam_epsilon: float
+    muon_lr: float | None
+    muon_weight_decay: float
+    muon_momentum: float
 
 
 @dataclass(frozen=True)
@@ -71,14 +89,18 @@ class Schedule:
     warmup_is_ratio: bool
     budget_minutes: float | None
     d_model: int | None
+    wsd_decay: float | None = None
 
 
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def parameter_groups(
+    model: torch.nn.Module, weight_decay: float, leave_out: frozenset[int] = frozenset()
+) -> list[dict[str, Any]]:
     """AdamW groups: decay on matrices only. Biases, LayerNorm and other norm weights (1-d, or
-    named *norm*) get none: decaying them pulls scales towards 0 and buys no regularisation."""
+    named *norm*) get none: decaying them pulls scales towards 0 and buys no regularisation.
+    Parameters whose id is in `leave_out` (Muon's) are in neither."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
-        if not param.requires_grad:
+        if not param.requires_grad or id(param) in leave_out:
             continue
         if param.ndim < 2 or "norm" in name.lower():
             no_decay.append(param)
@@ -98,27 +120,111 @@ def adamw(parameters: Any, device: torch.device | str, **options: Any) -> torch.
     return torch.optim.AdamW(parameters, fused=fused, **options)
 
 
+def muon_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters Muon trains: the trainable 2-d weights of the model's body
+    (`base_model`, the model itself where it has none) that are not embedding tables, and not
+    the output embeddings (a head tied to them or not)."""
+    body = getattr(model, "base_model", model)
+    tables = {id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)}
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if output is not None:
+        tables.add(id(output.weight))
+    return [
+        param
+        for param in body.parameters()
+        if param.requires_grad and param.ndim == 2 and id(param) not in tables
+    ]
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """torch's Muon on some parameters and AdamW on the others, as one optimizer.
+
+    Its param_groups are the two optimizers' own group dicts (Muon's first) and its state is
+    theirs, so that LambdaLR, Accelerate's wrapper, gradient clipping, GradScaler and
+    state_dict / load_state_dict (checkpoints) see one optimizer, and each group keeps its own
+    lr, weight decay and hyperparameters."""
+
+    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW):
+        self.muon, self.adamw = muon, adamw
+        super().__init__(muon.param_groups + adamw.param_groups, defaults={})
+        self._share_groups_and_state()
+
+    def _share_groups_and_state(self) -> None:
+        count = len(self.muon.param_groups)
+        self.muon.param_groups = self.param_groups[:count]
+        self.adamw.param_groups = self.param_groups[count:]
+        self.muon.state = self.adamw.state = self.state  # keyed by parameter: disjoint
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load, which replaces param_groups and state with new objects: shared again."""
+        super().load_state_dict(state_dict)
+        self._share_groups_and_state()
+
+
+def check_muon_engine(optim: str, engine: DistributedType) -> None:
+    """Refuse Muon under the engines that shard or own the optimizer: FSDP hands each process
+    a shard of every matrix, and Muon orthogonalises a matrix whole; DeepSpeed builds its own."""
+    if optim == "muon" and engine in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise ConfigError(
+            f"--optim muon does not run under {engine.value}: it orthogonalises each weight "
+            "matrix whole; train with DDP (configs/accelerate/ddp.yaml) or --optim adamw"
+        )
+
+
 def training_optimizer(
-    model: torch.nn.Module, device: torch.device, options: AdamWOptions
-) -> torch.optim.AdamW:
-    """The trainer's AdamW with the options' lr, betas, eps and weight decay (not on biases
-    and norms: parameter_groups)."""
-    return adamw(
-        parameter_groups(model, options.weight_decay),
-        device,
+    model: torch.nn.Module, accelerator: Accelerator, options: OptimizerOptions
+) -> torch.optim.Optimizer:
+    """The trainer's optimizer on the accelerator's device: AdamW with the options' lr, betas,
+    eps and weight decay (not on biases and norms: parameter_groups), and with --optim muon
+    Muon on `muon_matrices` (refused under FSDP and DeepSpeed: check_muon_engine)."""
+    check_muon_engine(options.optim, accelerator.distributed_type)
+    matrices = muon_matrices(model) if options.optim == "muon" else []
+    leave_out = frozenset(map(id, matrices))
+    rest = adamw(
+        parameter_groups(model, options.weight_decay, leave_out),
+        accelerator.device,
         lr=options.lr,
         betas=(options.adam_beta1, options.adam_beta2),
         eps=options.adam_epsilon,
     )
+    if options.optim == "adamw":
+        return rest
+    if not matrices:
+        raise ConfigError("--optim muon: the model has no 2-d weight matrices in its body")
+    muon = torch.optim.Muon(
+        matrices,
+        lr=options.muon_lr or options.lr,
+        weight_decay=options.muon_weight_decay,
+        momentum=options.muon_momentum,
+        adjust_lr_fn="match_rms_adamw",
+    )
+    return MuonWithAdamW(muon, rest)
 
 
-def schedule_multiplier(schedule: str, position: float, total: float, warmup: float) -> float:
-    """Multiplier of the peak lr for linear | cosine | constant at `position` of a run of `total`
-    with `warmup`, all three in one unit (steps, or seconds in budget mode)."""
+def schedule_multiplier(
+    schedule: str, position: float, total: float, warmup: float, wsd_decay: float | None = None
+) -> float:
+    """Multiplier of the peak lr for linear | cosine | constant | wsd at `position` of a run of
+    `total` with `warmup`, all three in one unit (steps, or seconds in budget mode); wsd
+    decays over the last `wsd_decay` share of `total`."""
     if position < warmup:
         return position / warmup
     if schedule == "constant":
         return 1.0
+    if schedule == "wsd":
+        if wsd_decay is None:
+            raise ConfigError("the wsd schedule needs its decay share (--wsd-decay)")
+        return min(1.0, max(0.0, (total - position) / (wsd_decay * total)))
     progress = min(1.0, max(0.0, (position - warmup) / max(total - warmup, 1e-12)))
     if schedule == "linear":
         return 1.0 - progress
@@ -159,14 +265,15 @@ def lr_multiplier(schedule: Schedule, step: int, elapsed_seconds: float) -> floa
     name, total, warmup = schedule.name, schedule.total, schedule.warmup
     if name == "inverse_sqrt":
         return noam_multiplier(step, int(warmup), schedule.d_model)
+    decay = schedule.wsd_decay
     if schedule.budget_minutes is None:
-        return schedule_multiplier(name, step, total, warmup)
+        return schedule_multiplier(name, step, total, warmup, decay)
     budget = schedule.budget_minutes * 60
     position = budget * run_progress(schedule.budget_minutes, step, elapsed_seconds, total)
     if schedule.warmup_is_ratio:
-        return schedule_multiplier(name, position, budget, warmup)
+        return schedule_multiplier(name, position, budget, warmup, decay)
     ramp = min(1.0, step / warmup) if warmup else 1.0
-    return ramp * schedule_multiplier(name, position, budget, 0.0)
+    return ramp * schedule_multiplier(name, position, budget, 0.0, decay)
 
 
 def run_progress(

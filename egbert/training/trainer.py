@@ -86,7 +86,7 @@ from egbert.training.model_saving import (
     save_model_folder,
     tokenizer_writer,
 )
-from egbert.training.optimization import AdamWOptions, RunLength, Schedule
+from egbert.training.optimization import OptimizerOptions, RunLength, Schedule
 from egbert.training.runtime import (
     AcceleratorOptions,
     keep_freed_memory_in_process,
@@ -349,9 +349,9 @@ class Trainer:
         self.flops_per_token = None if count is None else functools.cache(count)
 
     def _setup_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
-        """AdamW over the model's parameters, before Accelerate's prepare wraps the two."""
-        options = options_for(AdamWOptions, self.args)
-        return optimization.training_optimizer(model, self.accelerator.device, options)
+        """AdamW (or Muon beside it), before Accelerate's prepare wraps the two."""
+        options = options_for(OptimizerOptions, self.args)
+        return optimization.training_optimizer(model, self.accelerator, options)
 
     def _setup_data(self, train_dataset: Dataset | IterableDataset) -> DataLoader:
         """The training batches, for Accelerate's prepare (a stream is split between the
@@ -400,9 +400,9 @@ class Trainer:
         budget)."""
         args, batches = self.args, len(self.train_loader) if self.stream is None else 0
         total = optimization.total_steps(self.length, math.ceil(batches / self.batching.grad_accum))
-        ratio, budget = args.warmup_is_ratio, args.budget_minutes
+        ratio, budget, decay = args.warmup_is_ratio, args.budget_minutes, args.wsd_decay
         warmup = optimization.warmup_length(args.warmup_steps, ratio, budget, total)
-        self.schedule = Schedule(args.schedule, total, warmup, ratio, budget, self.d_model)
+        self.schedule = Schedule(args.schedule, total, warmup, ratio, budget, self.d_model, decay)
         self.total_steps = total
         self.scheduler = self.accelerator.prepare(
             torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_multiplier)
