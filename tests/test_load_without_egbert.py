@@ -29,6 +29,10 @@ from egbert.tokenizer import SPECIAL_TOKENS, load_tokenizer, tokenizer_for_model
 REPO = Path(__file__).resolve().parents[1]
 TRANSFORMER = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2)
 ELMO = dict(vocab_size=60, hidden_size=8, cell_size=16, num_hidden_layers=2)
+OPTIONS = dict(
+    gated_mlp=True, hidden_act="silu", norm_type="rmsnorm", qk_norm=True, attention_bias=False,
+    mlp_bias=False,
+)  # fmt: skip
 
 # Loads every Auto class the auto_map of every folder under argv[1]/models names (each from the
 # same seed: a head the folder lacks starts alike in both runs) and the folder's tokenizer, runs
@@ -189,6 +193,14 @@ def save_tiny_models(models_dir: Path) -> None:
     for name, model in pretrained.items():
         model.save_pretrained(models_dir / name)
         tokenizer_for_model(tokenizer, model.config).save_pretrained(models_dir / name)
+    # the architecture options (docs/models.md), each away from its default: the folders' copies
+    # of layers.py must build them alike
+    EgbertBertForPreTraining(
+        EgbertBertConfig(**TRANSFORMER, intermediate_size=32, **OPTIONS)
+    ).save_pretrained(models_dir / "bert-options")
+    EgbertGPTForCausalLM(
+        EgbertGPTConfig(**TRANSFORMER, intermediate_size=32, embedding_norm=True, **OPTIONS)
+    ).save_pretrained(models_dir / "gpt-options")
     bert = EgbertBertConfig(**TRANSFORMER, intermediate_size=32, num_labels=3)
     EgbertBertForSequenceClassification(bert, classifier_features="cls").save_pretrained(
         models_dir / "bert-classifier"
@@ -260,6 +272,19 @@ EXPECTED_AUTO_MAPS = {
         "AutoModel": "elmo.EgbertElmoModel",
         "AutoModelForPreTraining": "elmo.EgbertElmoForBidirectionalLM",
         "AutoModelForSequenceClassification": "heads.EgbertElmoForSequenceClassification",
+    },
+    "bert-options": {
+        "AutoConfig": "bert.EgbertBertConfig",
+        "AutoModel": "bert.EgbertBertModel",
+        "AutoModelForPreTraining": "bert.EgbertBertForPreTraining",
+        "AutoModelForMaskedLM": "bert.EgbertBertForMaskedLM",
+        "AutoModelForSequenceClassification": "heads.EgbertBertForSequenceClassification",
+    },
+    "gpt-options": {
+        "AutoConfig": "gpt.EgbertGPTConfig",
+        "AutoModel": "gpt.EgbertGPTModel",
+        "AutoModelForCausalLM": "gpt.EgbertGPTForCausalLM",
+        "AutoModelForSequenceClassification": "heads.EgbertGPTForSequenceClassification",
     },
     "bert-classifier": {
         "AutoConfig": "bert.EgbertBertConfig",

@@ -26,14 +26,15 @@ from .kernels import chunked_lm_loss_applies, linear_cross_entropy, sample_token
 from .layers import (
     ACTIVATIONS,
     Embeddings,
-    TransformerBlock,
     auto_map,
     check_sequence_length,
     check_transformer_config,
     init_local_attention,
     init_transformer_weights,
+    norm_for,
     self_attention_mask,
     training_flops_per_token,
+    transformer_block,
 )
 
 try:
@@ -73,6 +74,14 @@ class EgbertBertConfig(PretrainedConfig):
     # the detection loss next to the generator's MLM loss (ELECTRA's lambda)
     generator_size_ratio: float = 0.25
     rtd_loss_weight: float = 50.0
+    # Architecture options beyond BERT, all off by default, named as transformers' Llama and
+    # ModernBERT configs name them (docs/models.md, "Architecture options")
+    gated_mlp: bool = False  # GLU feed-forward: GeGLU with gelu, SwiGLU with hidden_act="silu"
+    norm_type: str = "layernorm"  # or "rmsnorm": every norm of the model
+    norm_bias: bool = True  # False: LayerNorms without a bias
+    qk_norm: bool = False  # a norm over head_dim on each head's queries and keys
+    attention_bias: bool = True  # biases of the qkv and output projections
+    mlp_bias: bool = True  # biases of the feed-forward's up and down projections
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -107,35 +116,22 @@ class EgbertBertModel(EgbertBertPreTrainedModel):
 
     def __init__(self, config: EgbertBertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
+        norm = norm_for(config)
         self.embeddings = Embeddings(
             config.vocab_size,
             config.hidden_size,
             config.max_position_embeddings,
             config.position_embedding_type,
             config.type_vocab_size,
-            config.layer_norm_eps,
+            norm(config.hidden_size),
             config.hidden_dropout_prob,
         )
         self.layers = nn.ModuleList(
-            TransformerBlock(
-                config.hidden_size,
-                config.num_attention_heads,
-                config.intermediate_size,
-                config.hidden_act,
-                config.hidden_dropout_prob,
-                config.attention_probs_dropout_prob,
-                config.layer_norm_eps,
-                pre_layernorm=config.pre_layernorm,
-                layer_idx=index,
-            )
+            transformer_block(config, index, pre_layernorm=config.pre_layernorm)
             for index in range(config.num_hidden_layers)
         )
         # pre-LN leaves the residual stream unnormalised: normalise the output once
-        self.final_norm = (
-            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-            if config.pre_layernorm
-            else None
-        )
+        self.final_norm = norm(config.hidden_size) if config.pre_layernorm else None
         self.pooler = (
             nn.Linear(config.hidden_size, config.hidden_size) if add_pooling_layer else None
         )
@@ -185,20 +181,20 @@ class EgbertBertModel(EgbertBertPreTrainedModel):
 
 
 class MaskedLMHead(nn.Module):
-    """BERT's MLM head: dense + GELU + LayerNorm, then a decoder tied to the input embeddings."""
+    """BERT's MLM head: dense + GELU + norm, then a decoder tied to the input embeddings."""
 
     def __init__(self, config: EgbertBertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.activation = ACTIVATIONS[config.hidden_act]
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm = norm_for(config)(config.hidden_size)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.transform(hidden_states))
 
     def transform(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """What the decoder reads: dense, activation, LayerNorm."""
+        """What the decoder reads: dense, activation, norm."""
         return self.norm(self.activation(self.dense(hidden_states)))
 
 

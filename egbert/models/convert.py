@@ -135,6 +135,31 @@ GPT2_CONFIG_NAMES = {
 }
 
 
+# egbert's architecture options that the stock classes have no weights or code for: a model
+# converts to stock with each at its config class's default (which keeps BERT's or GPT-2's block)
+ARCHITECTURE_OPTIONS = (
+    "gated_mlp",
+    "norm_type",
+    "norm_bias",
+    "embedding_norm",
+    "qk_norm",
+    "attention_bias",
+    "mlp_bias",
+)
+
+
+def check_stock_architecture(config: EgbertBertConfig | EgbertGPTConfig, stock: str) -> None:
+    """CheckpointError naming the first architecture option set away from its default."""
+    for name in ARCHITECTURE_OPTIONS:
+        default = getattr(type(config), name, None)
+        value = getattr(config, name, default)
+        if value != default:
+            raise CheckpointError(
+                f"stock {stock} has no {name}: this model has {name}={value!r}, and only models "
+                f"with {name}={default!r} convert to stock transformers classes"
+            )
+
+
 def bert_config_from_transformers(config: BertConfig) -> EgbertBertConfig:
     position_type = getattr(config, "position_embedding_type", "absolute")
     if position_type != "absolute" or config.is_decoder or config.add_cross_attention:
@@ -157,6 +182,7 @@ def bert_config_to_transformers(config: EgbertBertConfig) -> BertConfig:
             f"has position_embedding_type={config.position_embedding_type!r}, "
             f"pre_layernorm={config.pre_layernorm}, type_vocab_size={config.type_vocab_size}"
         )
+    check_stock_architecture(config, "BERT")
     return BertConfig(**shared_bert_fields(config))
 
 
@@ -184,6 +210,7 @@ def gpt2_config_to_transformers(config: EgbertGPTConfig) -> GPT2Config:
             "stock GPT-2 needs learned positions; this model has "
             f"position_embedding_type={config.position_embedding_type!r}"
         )
+    check_stock_architecture(config, "GPT-2")
     return GPT2Config(
         **{theirs: getattr(config, ours) for ours, theirs in GPT2_CONFIG_NAMES.items()},
         n_inner=config.intermediate_size,

@@ -22,13 +22,14 @@ from transformers.utils.deprecation import deprecate_kwarg
 from .kernels import chunked_lm_loss_applies, linear_cross_entropy
 from .layers import (
     Embeddings,
-    TransformerBlock,
     auto_map,
     check_sequence_length,
     check_transformer_config,
     init_transformer_weights,
+    norm_for,
     self_attention_mask,
     training_flops_per_token,
+    transformer_block,
 )
 
 
@@ -57,6 +58,15 @@ class EgbertGPTConfig(PretrainedConfig):
     # without the (tokens, vocab) logits and returns logits=None (kernels.py); False computes
     # the logits and F.cross_entropy.
     chunked_lm_loss: bool = True
+    # Architecture options beyond GPT-2, all off by default, named as transformers' Llama and
+    # ModernBERT configs name them (docs/models.md, "Architecture options")
+    gated_mlp: bool = False  # GLU feed-forward: GeGLU with gelu, SwiGLU with hidden_act="silu"
+    norm_type: str = "layernorm"  # or "rmsnorm": every norm of the model
+    norm_bias: bool = True  # False: LayerNorms without a bias
+    embedding_norm: bool = False  # a norm after the embeddings, before the first block
+    qk_norm: bool = False  # a norm over head_dim on each head's queries and keys
+    attention_bias: bool = True  # biases of the qkv and output projections
+    mlp_bias: bool = True  # biases of the feed-forward's up and down projections
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -91,29 +101,20 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
 
     def __init__(self, config: EgbertGPTConfig):
         super().__init__(config)
+        norm = norm_for(config)
         self.embeddings = Embeddings(
             config.vocab_size,
             config.hidden_size,
             config.max_position_embeddings,
             config.position_embedding_type,
+            norm=norm(config.hidden_size) if config.embedding_norm else None,
             dropout=config.hidden_dropout_prob,
         )
         self.layers = nn.ModuleList(
-            TransformerBlock(
-                config.hidden_size,
-                config.num_attention_heads,
-                config.intermediate_size,
-                config.hidden_act,
-                config.hidden_dropout_prob,
-                config.attention_probs_dropout_prob,
-                config.layer_norm_eps,
-                pre_layernorm=True,
-                is_causal=True,
-                layer_idx=index,
-            )
+            transformer_block(config, index, pre_layernorm=True, is_causal=True)
             for index in range(config.num_hidden_layers)
         )
-        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.final_norm = norm(config.hidden_size)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:

@@ -9,6 +9,7 @@ blocks call (dropout masks, bfloat16 attention) live in kernels.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -26,9 +27,11 @@ try:
 except ImportError:  # a saved model folder's copy of this file, used where egbert is not installed
     ConfigError = DataError = ValueError
 
-# config.hidden_act -> activation; "gelu_new" is GPT-2's name for the tanh approximation
-ACTIVATIONS = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh")}
+# config.hidden_act -> activation; "gelu_new" is GPT-2's name for the tanh approximation, "silu"
+# (swish) the activation of Llama's gated feed-forward (SwiGLU)
+ACTIVATIONS = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh"), "silu": F.silu}
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+NORM_TYPES = ("layernorm", "rmsnorm")
 
 
 def sinusoidal_position_table(
@@ -47,8 +50,19 @@ def sinusoidal_position_table(
     return table  # (positions, dim)
 
 
+def norm_for(config) -> Callable[[int], nn.Module]:
+    """What every norm of a bert or gpt is, from its config: a function of the size normalised.
+
+    norm_type "layernorm" (with its bias unless norm_bias=False, as ModernBERT) or "rmsnorm"
+    (Zhang & Sennrich 2019: a scale, no centring and no bias), both at layer_norm_eps.
+    """
+    if config.norm_type == "rmsnorm":
+        return partial(nn.RMSNorm, eps=config.layer_norm_eps)
+    return partial(nn.LayerNorm, eps=config.layer_norm_eps, bias=config.norm_bias)
+
+
 class Embeddings(nn.Module):
-    """Token + position (+ segment) embeddings, then an optional LayerNorm and dropout."""
+    """Token + position (+ segment) embeddings, then an optional norm and dropout."""
 
     def __init__(
         self,
@@ -57,7 +71,7 @@ class Embeddings(nn.Module):
         max_position_embeddings: int,
         position_embedding_type: str = "learned",
         type_vocab_size: int = 0,
-        layer_norm_eps: float | None = None,
+        norm: nn.Module | None = None,
         dropout: float = 0.0,
     ):
         super().__init__()
@@ -73,7 +87,7 @@ class Embeddings(nn.Module):
         self.token_type_embeddings = (
             nn.Embedding(type_vocab_size, hidden_size) if type_vocab_size > 0 else None
         )
-        self.norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps) if layer_norm_eps else None
+        self.norm = norm
         self.dropout = Dropout(dropout)
 
     def forward(
@@ -145,7 +159,12 @@ def self_attention_mask(
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention through F.scaled_dot_product_attention (or, where that is
-    slower or the weights are wanted, kernels.explicit_attention), one fused qkv matrix."""
+    slower or the weights are wanted, kernels.explicit_attention), one fused qkv matrix.
+
+    bias: of the qkv and output projections. qk_norm: a norm (size -> module, norm_for) for
+    each head's queries and keys, over head_dim, before the scores (OLMo 2, Qwen3): it bounds
+    the attention logits, which otherwise grow with the weights; the KV cache holds normed keys.
+    """
 
     def __init__(
         self,
@@ -154,6 +173,8 @@ class SelfAttention(nn.Module):
         dropout: float = 0.0,
         is_causal: bool = False,
         layer_idx: int = 0,
+        bias: bool = True,
+        qk_norm: Callable[[int], nn.Module] | None = None,
     ):
         super().__init__()
         self.num_heads = num_heads
@@ -161,10 +182,12 @@ class SelfAttention(nn.Module):
         self.dropout = dropout
         self.is_causal = is_causal
         self.layer_idx = layer_idx  # where this layer's keys and values live in a KV cache
-        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
         self.qkv.attention_heads = num_heads  # see init_local_attention
-        self.out = nn.Linear(hidden_size, hidden_size)
+        self.out = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.out.writes_residual = True  # see EgbertGPTPreTrainedModel._init_weights
+        self.query_norm = qk_norm(self.head_dim) if qk_norm else None
+        self.key_norm = qk_norm(self.head_dim) if qk_norm else None
 
     def forward(
         self,
@@ -176,6 +199,8 @@ class SelfAttention(nn.Module):
         batch, length, hidden = hidden_states.shape
         qkv = self.qkv(hidden_states).view(batch, length, 3, self.num_heads, self.head_dim)
         query, key, value = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
+        if self.query_norm is not None:
+            query, key = self.query_norm(query), self.key_norm(key)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)  # (.., past+seq, ..)
         dropout = self.dropout if self.training else 0.0
@@ -195,18 +220,46 @@ class SelfAttention(nn.Module):
         return self.out(context), weights
 
 
-class FeedForward(nn.Module):
-    """The position-wise MLP: hidden -> intermediate -> GELU -> hidden."""
+def gated_mlp_width(intermediate_size: int) -> int:
+    """The width of a gated feed-forward that holds as many weights as the plain one of
+    `intermediate_size`: 2/3 of it, for its three matrices in place of two (Shazeer 2020)."""
+    return max(1, round(2 * intermediate_size / 3))
 
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str):
+
+class FeedForward(nn.Module):
+    """The position-wise MLP: hidden -> intermediate -> activation -> hidden.
+
+    gated (GLU variants, Shazeer 2020; GeGLU with gelu, SwiGLU with silu): one fused up
+    projection gives a gate and a value of gated_mlp_width each, and act(gate) * value goes down.
+    bias: of both projections.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str,
+        gated: bool = False,
+        bias: bool = True,
+    ):
         super().__init__()
-        self.up = nn.Linear(hidden_size, intermediate_size)
+        self.gated = gated
+        width = gated_mlp_width(intermediate_size) if gated else intermediate_size
+        # gated: the gate's rows, then the value's
+        self.up = nn.Linear(hidden_size, 2 * width if gated else width, bias=bias)
         self.activation = ACTIVATIONS[hidden_act]
-        self.down = nn.Linear(intermediate_size, hidden_size)
+        self.down = nn.Linear(width, hidden_size, bias=bias)
         self.down.writes_residual = True  # see EgbertGPTPreTrainedModel._init_weights
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.down(self.activation(self.up(hidden_states)))
+        up = self.up(hidden_states)  # (batch, seq, width), or (.., 2 * width) when gated
+        if self.gated:
+            gate, value = up.chunk(2, dim=-1)
+            return self.down(self.activation(gate) * value)
+        return self.down(self.activation(up))
+
+    def extra_repr(self) -> str:
+        return f"gated={self.gated}"
 
 
 class TransformerBlock(GradientCheckpointingLayer):
@@ -218,25 +271,19 @@ class TransformerBlock(GradientCheckpointingLayer):
 
     def __init__(
         self,
-        hidden_size: int,
-        num_heads: int,
-        intermediate_size: int,
-        hidden_act: str,
+        attention: SelfAttention,
+        attention_norm: nn.Module,
+        feed_forward: FeedForward,
+        feed_forward_norm: nn.Module,
         hidden_dropout: float,
-        attention_dropout: float,
-        layer_norm_eps: float,
         pre_layernorm: bool,
-        is_causal: bool = False,
-        layer_idx: int = 0,
     ):
         super().__init__()
         self.pre_layernorm = pre_layernorm
-        self.attention = SelfAttention(
-            hidden_size, num_heads, attention_dropout, is_causal, layer_idx
-        )
-        self.attention_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
-        self.feed_forward = FeedForward(hidden_size, intermediate_size, hidden_act)
-        self.feed_forward_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.attention = attention
+        self.attention_norm = attention_norm
+        self.feed_forward = feed_forward
+        self.feed_forward_norm = feed_forward_norm
         self.dropout = Dropout(hidden_dropout)
 
     def forward(
@@ -266,6 +313,38 @@ class TransformerBlock(GradientCheckpointingLayer):
         return hidden_states, weights
 
 
+def transformer_block(
+    config, layer_idx: int, pre_layernorm: bool, is_causal: bool = False
+) -> TransformerBlock:
+    """Block `layer_idx` of a bert or gpt stack as its config describes it (both configs name
+    the fields alike): sizes, activation, dropouts, norms, biases, gated feed-forward, qk_norm."""
+    norm = norm_for(config)
+    attention = SelfAttention(
+        config.hidden_size,
+        config.num_attention_heads,
+        config.attention_probs_dropout_prob,
+        is_causal,
+        layer_idx,
+        bias=config.attention_bias,
+        qk_norm=norm if config.qk_norm else None,
+    )
+    feed_forward = FeedForward(
+        config.hidden_size,
+        config.intermediate_size,
+        config.hidden_act,
+        gated=config.gated_mlp,
+        bias=config.mlp_bias,
+    )
+    return TransformerBlock(
+        attention,
+        norm(config.hidden_size),
+        feed_forward,
+        norm(config.hidden_size),
+        config.hidden_dropout_prob,
+        pre_layernorm,
+    )
+
+
 def check_transformer_config(config) -> None:
     """Raise ConfigError for the invariants every egbert transformer config must hold."""
     name = type(config).__name__
@@ -284,7 +363,17 @@ def check_transformer_config(config) -> None:
             f"{name}: position_embedding_type {config.position_embedding_type!r} is not supported; "
             f"use one of {list(POSITION_EMBEDDING_TYPES)}"
         )
+    if config.norm_type not in NORM_TYPES:
+        raise ConfigError(
+            f"{name}: norm_type {config.norm_type!r} is not supported; "
+            f"use one of {list(NORM_TYPES)}"
+        )
     head_dim = config.hidden_size // config.num_attention_heads
+    if getattr(config, "local_attention_init", False) and config.qk_norm:
+        raise ConfigError(
+            f"{name}: local_attention_init sets the query and key scale that qk_norm normalises "
+            "away; set local_attention_init=false or qk_norm=false"
+        )
     if getattr(config, "local_attention_init", False) and (
         config.position_embedding_type != "learned" or head_dim % 2
     ):
@@ -307,7 +396,8 @@ def check_sequence_length(length: int, max_position_embeddings: int) -> None:
 
 @torch.no_grad()
 def init_transformer_weights(module: nn.Module, std: float) -> None:
-    """BERT's initialisation: normal(0, std) weights, zero biases, unit LayerNorms.
+    """BERT's initialisation: normal(0, std) weights, zero biases, unit norms (LayerNorm or
+    RMSNorm, with a bias or without).
 
     Uses transformers.initialization so that weights loaded by from_pretrained are left alone.
     """
@@ -317,9 +407,10 @@ def init_transformer_weights(module: nn.Module, std: float) -> None:
             init.zeros_(module.bias)
     elif isinstance(module, nn.Embedding):
         init.normal_(module.weight, mean=0.0, std=std)
-    elif isinstance(module, nn.LayerNorm):
+    elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
         init.ones_(module.weight)
-        init.zeros_(module.bias)
+        if getattr(module, "bias", None) is not None:  # RMSNorm has none
+            init.zeros_(module.bias)
     elif isinstance(module, Embeddings) and module.position_embedding_type == "sinusoidal":
         table = module.position_table
         init.copy_(table, sinusoidal_position_table(*table.shape).to(table.device))
