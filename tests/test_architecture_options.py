@@ -1,10 +1,12 @@
 """bert's and gpt's architecture options beyond BERT and GPT-2 (docs/models.md, "Architecture
-options"): gated feed-forward layers, RMSNorm, LayerNorms without a bias, gpt's norm after the
-embeddings, QK-norm, and linear layers without biases. Each test computes what the option claims
-by hand from the model's own weights, or compares two models that differ only in the option."""
+options"): rotary positions, gated feed-forward layers, RMSNorm, LayerNorms without a bias, gpt's
+norm after the embeddings, QK-norm, and linear layers without biases. Each test computes what the
+option claims by hand from the model's own weights, or compares two models that differ only in
+the option."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from egbert.errors import CheckpointError, ConfigError
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining, EgbertBertModel
 from egbert.models.convert import bert_config_to_transformers, gpt2_config_to_transformers
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.models.layers import RotaryEmbedding, rotate
 
 SIZES = dict(
     vocab_size=100,
@@ -37,6 +40,8 @@ EVERY_OPTION = dict(
     qk_norm=True,
     attention_bias=False,
     mlp_bias=False,
+    position_embedding_type="rotary",
+    rope_theta=500.0,
 )
 
 
@@ -47,7 +52,7 @@ def bert(**options) -> EgbertBertForPreTraining:
 
 def gpt(**options) -> EgbertGPTForCausalLM:
     torch.manual_seed(0)
-    return EgbertGPTForCausalLM(EgbertGPTConfig(**SIZES, **GPT_TOKENS, **options)).eval()
+    return EgbertGPTForCausalLM(EgbertGPTConfig(**{**SIZES, **GPT_TOKENS, **options})).eval()
 
 
 def random_ids(batch: int = 2, length: int = 10) -> torch.Tensor:
@@ -220,9 +225,69 @@ def test_pretrain_s_config_overrides_set_every_option() -> None:
     apply_config_overrides(
         config,
         "gated_mlp=true,hidden_act=silu,norm_type=rmsnorm,qk_norm=true,attention_bias=false,"
-        "mlp_bias=false,embedding_norm=true,norm_bias=false",
+        "mlp_bias=false,embedding_norm=true,norm_bias=false,position_embedding_type=rotary,"
+        "rope_theta=500",
     )
     assert {name: getattr(config, name) for name in EVERY_OPTION} == EVERY_OPTION
     assert config.embedding_norm is True and config.norm_bias is False
     with pytest.raises(ConfigError, match="norm_type 'layer' is not supported"):
         apply_config_overrides(config, "norm_type=layer")
+
+
+def test_rotary_turns_each_pair_of_dimensions_by_position_times_its_frequency() -> None:
+    """head_dim 4, theta 100: dimension 0 pairs with 2 at 1 radian a position, 1 with 3 at
+    100**-0.5 = 0.1 radian (Llama's layout)."""
+    cos, sin = RotaryEmbedding(4, 100.0)(torch.tensor([[0, 3]]))
+    states = torch.eye(4)[None, None, [0, 1]].repeat(1, 1, 1, 1)  # e0 at position 0, e1 at 3
+    turned = rotate(states, cos, sin)[0, 0]
+    torch.testing.assert_close(turned[0], torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    torch.testing.assert_close(turned[1], torch.tensor([0.0, math.cos(0.3), 0.0, math.sin(0.3)]))
+
+
+def test_the_models_rotary_frequencies_come_from_rope_theta() -> None:
+    model = gpt(position_embedding_type="rotary", rope_theta=100.0)
+    head_dim = 32 // 4
+    expected = torch.tensor([100.0 ** (-i / head_dim) for i in range(0, head_dim, 2)])
+    torch.testing.assert_close(model.gpt.rotary.inverse_frequencies, expected)
+    assert not hasattr(model.gpt.embeddings, "position_embeddings")
+
+
+@pytest.mark.parametrize("family", [bert, gpt])
+def test_rotary_attention_sees_only_the_positions_difference(family) -> None:
+    """Shifting every position by 7 changes nothing; reversing them changes the outputs (they
+    are used); learned positions change with the shift."""
+    ids = random_ids()
+    positions = torch.arange(10)[None]
+
+    def outputs(model, position_ids):
+        return model.base_model(ids, position_ids=position_ids).last_hidden_state
+
+    sharp = dict(initializer_range=0.2)  # gpt's already: attention far from uniform
+    rotary = family(position_embedding_type="rotary", **sharp)
+    base = outputs(rotary, positions)
+    torch.testing.assert_close(outputs(rotary, positions + 7), base, atol=1e-5, rtol=0)
+    assert not torch.allclose(outputs(rotary, positions.flip(-1)), base, atol=1e-3)
+    learned = family(**sharp)
+    assert not torch.allclose(outputs(learned, positions + 7), outputs(learned, positions))
+
+
+def test_rotary_gpt_decodes_with_the_cache_as_a_full_forward() -> None:
+    model = gpt(position_embedding_type="rotary")
+    ids = random_ids(length=12)
+    full = model(ids, use_cache=False).logits
+    prefix = model(ids[:, :8], use_cache=True)
+    rest = model(ids[:, 8:], cache=prefix.cache, use_cache=True)
+    torch.testing.assert_close(rest.logits, full[:, 8:], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", [bert, gpt])
+def test_stock_conversion_refuses_rotary_positions(family) -> None:
+    to_stock = bert_config_to_transformers if family is bert else gpt2_config_to_transformers
+    with pytest.raises(CheckpointError, match="position_embedding_type='rotary'"):
+        to_stock(family(position_embedding_type="rotary").config)
+
+
+def test_rotary_needs_an_even_head_size() -> None:
+    with pytest.raises(ConfigError, match="rotary positions need an even head size"):
+        EgbertGPTConfig(**{**SIZES, "hidden_size": 36, "num_attention_heads": 4},
+                        position_embedding_type="rotary")  # fmt: skip

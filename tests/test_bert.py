@@ -329,7 +329,7 @@ def test_local_attention_init_leaves_loaded_weights_alone(tmp_path: Path) -> Non
     [
         ({"hidden_size": 30, "num_attention_heads": 4}, "num_attention_heads"),
         ({"hidden_act": "swish"}, "hidden_act"),
-        ({"position_embedding_type": "rotary"}, "position_embedding_type"),
+        ({"position_embedding_type": "alibi"}, "position_embedding_type"),
         (
             {"local_attention_init": True, "position_embedding_type": "sinusoidal"},
             "local_attention_init",

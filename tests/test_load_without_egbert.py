@@ -31,7 +31,7 @@ TRANSFORMER = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_atten
 ELMO = dict(vocab_size=60, hidden_size=8, cell_size=16, num_hidden_layers=2)
 OPTIONS = dict(
     gated_mlp=True, hidden_act="silu", norm_type="rmsnorm", qk_norm=True, attention_bias=False,
-    mlp_bias=False,
+    mlp_bias=False, position_embedding_type="rotary", rope_theta=500.0,
 )  # fmt: skip
 
 # Loads every Auto class the auto_map of every folder under argv[1]/models names (each from the

@@ -32,6 +32,7 @@ from .layers import (
     init_local_attention,
     init_transformer_weights,
     norm_for,
+    rotary_embedding,
     self_attention_mask,
     training_flops_per_token,
     transformer_block,
@@ -56,7 +57,8 @@ class EgbertBertConfig(PretrainedConfig):
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
-    position_embedding_type: str = "learned"  # or "sinusoidal"
+    position_embedding_type: str = "learned"  # or "sinusoidal", or "rotary" (RoPE)
+    rope_theta: float = 10000.0  # rotary: the base of the rotation frequencies (RoFormer, Llama)
     pre_layernorm: bool = False  # True: LayerNorm before each sublayer, plus one at the end
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
@@ -130,6 +132,7 @@ class EgbertBertModel(EgbertBertPreTrainedModel):
             transformer_block(config, index, pre_layernorm=config.pre_layernorm)
             for index in range(config.num_hidden_layers)
         )
+        self.rotary = rotary_embedding(config)
         # pre-LN leaves the residual stream unnormalised: normalise the output once
         self.final_norm = norm(config.hidden_size) if config.pre_layernorm else None
         self.pooler = (
@@ -162,9 +165,12 @@ class EgbertBertModel(EgbertBertPreTrainedModel):
         mask = self_attention_mask(
             attention_mask, input_ids.shape[1], 0, is_causal=False, device=input_ids.device
         )
+        rotary = self.rotary(position_ids) if self.rotary is not None else None
         all_hidden, all_attentions = (hidden,), ()
         for layer in self.layers:
-            hidden, weights = layer(hidden, mask, output_attentions=output_attentions)
+            hidden, weights = layer(
+                hidden, mask, output_attentions=output_attentions, rotary=rotary
+            )
             all_hidden += (hidden,)
             all_attentions += (weights,)
         if self.final_norm is not None:

@@ -27,6 +27,7 @@ from .layers import (
     check_transformer_config,
     init_transformer_weights,
     norm_for,
+    rotary_embedding,
     self_attention_mask,
     training_flops_per_token,
     transformer_block,
@@ -45,7 +46,8 @@ class EgbertGPTConfig(PretrainedConfig):
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 1024
-    position_embedding_type: str = "learned"  # or "sinusoidal"
+    position_embedding_type: str = "learned"  # or "sinusoidal", or "rotary" (RoPE)
+    rope_theta: float = 10000.0  # rotary: the base of the rotation frequencies (RoFormer, Llama)
     layer_norm_eps: float = 1e-5
     initializer_range: float = 0.02
     pad_token_id: int | None = None
@@ -114,6 +116,7 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
             transformer_block(config, index, pre_layernorm=True, is_causal=True)
             for index in range(config.num_hidden_layers)
         )
+        self.rotary = rotary_embedding(config)
         self.final_norm = norm(config.hidden_size)
         self.post_init()
 
@@ -155,6 +158,7 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
         mask = self_attention_mask(
             attention_mask, length, past_length, is_causal=True, device=input_ids.device
         )
+        rotary = self.rotary(position_ids) if self.rotary is not None else None
         all_hidden, all_attentions = (hidden,), ()
         for layer in self.layers:
             hidden, weights = layer(
@@ -162,6 +166,7 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
                 mask,
                 cache=cache if use_cache else None,
                 output_attentions=output_attentions,
+                rotary=rotary,
             )
             all_hidden += (hidden,)
             all_attentions += (weights,)

@@ -30,7 +30,7 @@ except ImportError:  # a saved model folder's copy of this file, used where egbe
 # config.hidden_act -> activation; "gelu_new" is GPT-2's name for the tanh approximation, "silu"
 # (swish) the activation of Llama's gated feed-forward (SwiGLU)
 ACTIVATIONS = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh"), "silu": F.silu}
-POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rotary")
 NORM_TYPES = ("layernorm", "rmsnorm")
 
 
@@ -61,8 +61,41 @@ def norm_for(config) -> Callable[[int], nn.Module]:
     return partial(nn.LayerNorm, eps=config.layer_norm_eps, bias=config.norm_bias)
 
 
+class RotaryEmbedding(nn.Module):
+    """Rotary position embeddings (RoFormer, Su et al. 2021): each head's queries and keys are
+    rotated, pair of dimensions by pair, by the angle position * theta**(-2i / head_dim), so that
+    a query's dot product with a key depends on their positions' difference only. Llama's layout:
+    dimension i pairs with i + head_dim / 2. The model computes the angles' cosines and sines once
+    a forward (from its position_ids, which generation derives from the attention mask, so a
+    left-padded prompt is rotated as the same prompt alone) and every layer applies them."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+        # fixed, so not saved: rebuilt from the config (init_transformer_weights)
+        self.register_buffer("inverse_frequencies", self.frequencies(), persistent=False)
+
+    def frequencies(self) -> torch.Tensor:
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
+        return self.theta**-exponents  # (head_dim / 2,)
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin), each (batch or 1, 1, seq, head_dim) in float32."""
+        angles = position_ids[..., None].float() * self.inverse_frequencies.float()
+        angles = torch.cat([angles, angles], dim=-1)[:, None]
+        return angles.cos(), angles.sin()
+
+
+def rotate(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Queries or keys (batch, heads, seq, head_dim) rotated by RotaryEmbedding's angles."""
+    first, second = states.chunk(2, dim=-1)
+    turned = torch.cat([-second, first], dim=-1)
+    return states * cos.to(states.dtype) + turned * sin.to(states.dtype)
+
+
 class Embeddings(nn.Module):
-    """Token + position (+ segment) embeddings, then an optional norm and dropout."""
+    """Token + position (+ segment) embeddings, then an optional norm and dropout. Rotary
+    positions are not added here: the attention rotates its queries and keys (RotaryEmbedding)."""
 
     def __init__(
         self,
@@ -80,7 +113,7 @@ class Embeddings(nn.Module):
         if position_embedding_type == "learned":
             self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
             self.position_embeddings.holds_positions = True  # see init_local_attention
-        else:
+        elif position_embedding_type == "sinusoidal":
             # fixed, so not saved: it is rebuilt from the config when the model is created
             table = sinusoidal_position_table(max_position_embeddings, hidden_size)
             self.register_buffer("position_table", table, persistent=False)
@@ -99,7 +132,7 @@ class Embeddings(nn.Module):
         embeddings = self.word_embeddings(input_ids)  # (batch, seq, hidden)
         if self.position_embedding_type == "learned":
             embeddings = embeddings + self.position_embeddings(position_ids)
-        else:
+        elif self.position_embedding_type == "sinusoidal":
             embeddings = embeddings + self.position_table[position_ids].to(embeddings.dtype)
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
@@ -195,12 +228,17 @@ class SelfAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
         output_attentions: bool = False,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """rotary: RotaryEmbedding's (cos, sin) for these positions, or None."""
         batch, length, hidden = hidden_states.shape
         qkv = self.qkv(hidden_states).view(batch, length, 3, self.num_heads, self.head_dim)
         query, key, value = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
-        if self.query_norm is not None:
-            query, key = self.query_norm(query), self.key_norm(key)
+        if self.query_norm is not None:  # in float32: autocast leaves bf16 heads to a slow norm
+            query = self.query_norm(query.float()).to(value.dtype)
+            key = self.key_norm(key.float()).to(value.dtype)
+        if rotary is not None:  # before the cache: it holds the keys rotated at their positions
+            query, key = rotate(query, *rotary), rotate(key, *rotary)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)  # (.., past+seq, ..)
         dropout = self.dropout if self.training else 0.0
@@ -292,6 +330,7 @@ class TransformerBlock(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
         output_attentions: bool = False,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.pre_layernorm:
             attended, weights = self.attention(
@@ -299,18 +338,26 @@ class TransformerBlock(GradientCheckpointingLayer):
                 attention_mask,
                 cache,
                 output_attentions,
+                rotary,
             )
             hidden_states = hidden_states + self.dropout(attended)
             fed = self.feed_forward(self.feed_forward_norm(hidden_states))
             hidden_states = hidden_states + self.dropout(fed)
         else:
             attended, weights = self.attention(
-                hidden_states, attention_mask, cache, output_attentions
+                hidden_states, attention_mask, cache, output_attentions, rotary
             )
             hidden_states = self.attention_norm(hidden_states + self.dropout(attended))
             fed = self.feed_forward(hidden_states)
             hidden_states = self.feed_forward_norm(hidden_states + self.dropout(fed))
         return hidden_states, weights
+
+
+def rotary_embedding(config) -> RotaryEmbedding | None:
+    """The RotaryEmbedding of a bert or gpt whose position_embedding_type is rotary, else None."""
+    if config.position_embedding_type != "rotary":
+        return None
+    return RotaryEmbedding(config.hidden_size // config.num_attention_heads, config.rope_theta)
 
 
 def transformer_block(
@@ -374,6 +421,11 @@ def check_transformer_config(config) -> None:
             f"{name}: local_attention_init sets the query and key scale that qk_norm normalises "
             "away; set local_attention_init=false or qk_norm=false"
         )
+    if config.position_embedding_type == "rotary" and (head_dim % 2 or not config.rope_theta > 0):
+        raise ConfigError(
+            f"{name}: rotary positions need an even head size and rope_theta > 0; this config has "
+            f"head size {head_dim} and rope_theta={config.rope_theta}"
+        )
     if getattr(config, "local_attention_init", False) and (
         config.position_embedding_type != "learned" or head_dim % 2
     ):
@@ -414,6 +466,9 @@ def init_transformer_weights(module: nn.Module, std: float) -> None:
     elif isinstance(module, Embeddings) and module.position_embedding_type == "sinusoidal":
         table = module.position_table
         init.copy_(table, sinusoidal_position_table(*table.shape).to(table.device))
+    elif isinstance(module, RotaryEmbedding):
+        frequencies = module.inverse_frequencies
+        init.copy_(frequencies, module.frequencies().to(frequencies.device))
 
 
 # Local attention initialisation. A freshly initialised encoder attends almost uniformly, so its
