@@ -14,11 +14,13 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel
 
+import egbert.models.layers as layers
 from egbert.config import apply_config_overrides
 from egbert.errors import CheckpointError, ConfigError
 from egbert.models.bert import EgbertBertConfig, EgbertBertForPreTraining, EgbertBertModel
 from egbert.models.convert import bert_config_to_transformers, gpt2_config_to_transformers
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
+from egbert.models.kernels import attention_from_scores
 from egbert.models.layers import RotaryEmbedding, rotate
 
 SIZES = dict(
@@ -47,7 +49,7 @@ EVERY_OPTION = dict(
 
 def bert(**options) -> EgbertBertForPreTraining:
     torch.manual_seed(0)
-    return EgbertBertForPreTraining(EgbertBertConfig(**SIZES, **options)).eval()
+    return EgbertBertForPreTraining(EgbertBertConfig(**{**SIZES, **options})).eval()
 
 
 def gpt(**options) -> EgbertGPTForCausalLM:
@@ -291,3 +293,77 @@ def test_rotary_needs_an_even_head_size() -> None:
     with pytest.raises(ConfigError, match="rotary positions need an even head size"):
         EgbertGPTConfig(**{**SIZES, "hidden_size": 36, "num_attention_heads": 4},
                         position_embedding_type="rotary")  # fmt: skip
+
+
+def attention_inputs(model) -> list[torch.Tensor]:
+    """A hook's list of what each layer's attention reads, filled by the next forward."""
+    seen = []
+    for layer in model.base_model.layers:
+        layer.attention.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    return seen
+
+
+def raw_scores(attention, hidden: torch.Tensor) -> torch.Tensor:
+    """QK^T / sqrt(head_dim) of one layer, from its qkv weights by hand."""
+    batch, length, _ = hidden.shape
+    qkv = (hidden @ attention.qkv.weight.T + attention.qkv.bias).view(batch, length, 3, 4, 8)
+    query, key = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
+    return query @ key.transpose(-1, -2) / math.sqrt(8)
+
+
+@pytest.mark.parametrize("pre_layernorm", [False, True])
+def test_realformer_adds_the_scores_of_the_layers_below_before_the_mask(pre_layernorm) -> None:
+    """He et al. 2020: layer l's weights are softmax(S_0 + ... + S_l) over the real keys, where
+    S_i are each layer's raw scores; pre-LN is allowed as well as the paper's post-LN."""
+    model = bert(residual_attention=True, pre_layernorm=pre_layernorm, initializer_range=0.2)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 7:] = 0
+    seen = attention_inputs(model)
+    weights = model.bert(random_ids(), attention_mask=mask, output_attentions=True).attentions
+    summed = torch.zeros(2, 4, 10, 10)
+    for layer, hidden, layer_weights in zip(model.bert.layers, seen, weights, strict=True):
+        summed = summed + raw_scores(layer.attention, hidden)
+        expected = summed.masked_fill(mask[:, None, None, :] == 0, -torch.inf).softmax(-1)
+        torch.testing.assert_close(layer_weights, expected, atol=1e-5, rtol=0)
+    plain = bert(pre_layernorm=pre_layernorm, initializer_range=0.2)
+    without = plain.bert(random_ids(), attention_mask=mask, output_attentions=True).attentions
+    assert not torch.allclose(without[1], weights[1], atol=1e-3)
+
+
+def test_realformer_s_top_layer_through_sdpa_equals_the_written_out_one(monkeypatch) -> None:
+    """Asked for no weights, the top layer keeps no scores: it takes SDPA with the sum below as
+    its mask, and only the two layers under it write their attention out."""
+    model = bert(residual_attention=True, initializer_range=0.2, num_hidden_layers=3)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[0, 6:] = 0
+    written_out = []
+
+    def counted(*args, **kwargs):
+        written_out.append(args[0].shape)
+        return attention_from_scores(*args, **kwargs)
+
+    monkeypatch.setattr(layers, "attention_from_scores", counted)
+    fast = model.bert(random_ids(), attention_mask=mask).last_hidden_state
+    assert len(written_out) == 2
+    written = model.bert(random_ids(), attention_mask=mask, output_attentions=True)
+    torch.testing.assert_close(fast, written.last_hidden_state, atol=1e-5, rtol=0)
+
+
+def test_realformer_trains_with_gradient_checkpointing_to_the_same_gradients() -> None:
+    def gradients(checkpointing: bool) -> dict[str, torch.Tensor]:
+        model = bert(residual_attention=True).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        ids = random_ids()
+        model(ids, labels=ids, next_sentence_label=torch.tensor([0, 1])).loss.backward()
+        return {name: p.grad for name, p in model.named_parameters()}
+
+    plain, checkpointed = gradients(False), gradients(True)
+    assert plain["bert.layers.0.attention.qkv.weight"].abs().sum() > 0
+    for name, gradient in plain.items():
+        torch.testing.assert_close(checkpointed[name], gradient, atol=1e-6, rtol=0, msg=name)
+
+
+def test_stock_bert_refuses_realformer() -> None:
+    with pytest.raises(CheckpointError, match="no residual_attention"):
+        bert_config_to_transformers(bert(residual_attention=True).config)

@@ -74,10 +74,10 @@ def test_bf16_attention_on_a_cpu_is_written_out_and_matches_sdpa(
     padding = torch.ones(2, 6, dtype=torch.long)
     padding[1, 4:] = 0
     mask = self_attention_mask(padding, 6, 0, is_causal, torch.device("cpu"))
-    sdpa, _ = attention(hidden, mask)
+    sdpa, _, _ = attention(hidden, mask)
     assert calls == []  # float32 went through SDPA
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        written_out, _ = attention(hidden, mask)
+        written_out, _, _ = attention(hidden, mask)
     assert calls == [torch.bfloat16]  # bf16 through the written-out attention
     torch.testing.assert_close(written_out.float(), sdpa, atol=3e-2, rtol=0)
     keys = torch.zeros(1, 1, 512, 8, dtype=torch.bfloat16)
@@ -88,7 +88,7 @@ def test_bf16_attention_on_a_cpu_is_written_out_and_matches_sdpa(
     with torch.inference_mode():  # no backward to save: SDPA's forward is the faster one
         assert not prefers_written_out_attention(keys, keys)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            inferred, _ = attention.eval()(hidden, mask)
+            inferred, _, _ = attention.eval()(hidden, mask)
     assert calls == [torch.bfloat16]  # no second call: inference went through SDPA
     torch.testing.assert_close(inferred.float(), sdpa, atol=3e-2, rtol=0)
 

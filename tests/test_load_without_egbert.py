@@ -196,7 +196,7 @@ def save_tiny_models(models_dir: Path) -> None:
     # the architecture options (docs/models.md), each away from its default: the folders' copies
     # of layers.py must build them alike
     EgbertBertForPreTraining(
-        EgbertBertConfig(**TRANSFORMER, intermediate_size=32, **OPTIONS)
+        EgbertBertConfig(**TRANSFORMER, intermediate_size=32, residual_attention=True, **OPTIONS)
     ).save_pretrained(models_dir / "bert-options")
     EgbertGPTForCausalLM(
         EgbertGPTConfig(**TRANSFORMER, intermediate_size=32, embedding_norm=True, **OPTIONS)

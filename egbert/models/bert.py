@@ -84,6 +84,8 @@ class EgbertBertConfig(PretrainedConfig):
     qk_norm: bool = False  # a norm over head_dim on each head's queries and keys
     attention_bias: bool = True  # biases of the qkv and output projections
     mlp_bias: bool = True  # biases of the feed-forward's up and down projections
+    # RealFormer (He et al. 2020): each layer's attention adds the raw scores of the layers below
+    residual_attention: bool = False
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -129,7 +131,12 @@ class EgbertBertModel(EgbertBertPreTrainedModel):
             config.hidden_dropout_prob,
         )
         self.layers = nn.ModuleList(
-            transformer_block(config, index, pre_layernorm=config.pre_layernorm)
+            transformer_block(
+                config,
+                index,
+                pre_layernorm=config.pre_layernorm,
+                residual_attention=config.residual_attention,
+            )
             for index in range(config.num_hidden_layers)
         )
         self.rotary = rotary_embedding(config)
@@ -166,10 +173,14 @@ class EgbertBertModel(EgbertBertPreTrainedModel):
             attention_mask, input_ids.shape[1], 0, is_causal=False, device=input_ids.device
         )
         rotary = self.rotary(position_ids) if self.rotary is not None else None
-        all_hidden, all_attentions = (hidden,), ()
+        all_hidden, all_attentions, scores = (hidden,), (), None
         for layer in self.layers:
-            hidden, weights = layer(
-                hidden, mask, output_attentions=output_attentions, rotary=rotary
+            hidden, weights, scores = layer(
+                hidden,
+                mask,
+                output_attentions=output_attentions,
+                rotary=rotary,
+                previous_scores=scores,
             )
             all_hidden += (hidden,)
             all_attentions += (weights,)

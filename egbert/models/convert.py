@@ -145,6 +145,7 @@ ARCHITECTURE_OPTIONS = (
     "qk_norm",
     "attention_bias",
     "mlp_bias",
+    "residual_attention",
 )
 
 

@@ -161,7 +161,7 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
         rotary = self.rotary(position_ids) if self.rotary is not None else None
         all_hidden, all_attentions = (hidden,), ()
         for layer in self.layers:
-            hidden, weights = layer(
+            hidden, weights, _ = layer(
                 hidden,
                 mask,
                 cache=cache if use_cache else None,

@@ -110,7 +110,22 @@ def explicit_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(QK^T / sqrt(d)) V written out: for when the caller wants the attention weights,
     and where it is faster than SDPA (prefers_written_out_attention)."""
-    scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])  # (batch, heads, q, k)
+    return attention_from_scores(attention_scores(query, key), value, mask, is_causal, dropout_p)
+
+
+def attention_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """QK^T / sqrt(d): (batch, heads, queries, keys), before any mask."""
+    return query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+
+
+def attention_from_scores(
+    scores: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The context and the weights of scores: masked, softmaxed, dropped out, times value."""
     if is_causal:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
     if mask is not None:

@@ -20,7 +20,13 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .kernels import Dropout, explicit_attention, prefers_written_out_attention
+from .kernels import (
+    Dropout,
+    attention_from_scores,
+    attention_scores,
+    explicit_attention,
+    prefers_written_out_attention,
+)
 
 try:
     from egbert.errors import ConfigError, DataError
@@ -197,6 +203,11 @@ class SelfAttention(nn.Module):
     bias: of the qkv and output projections. qk_norm: a norm (size -> module, norm_for) for
     each head's queries and keys, over head_dim, before the scores (OLMo 2, Qwen3): it bounds
     the attention logits, which otherwise grow with the weights; the KV cache holds normed keys.
+
+    residual_scores (RealFormer, He et al. 2020: "keep" or "last"): each layer adds the previous
+    layer's raw scores (QK^T / sqrt(d), summed over the layers below, before the mask) to its
+    own. "keep" returns this layer's sum for the next layer, written out; "last", the top layer,
+    keeps nothing and goes through SDPA with the sum below as an additive mask.
     """
 
     def __init__(
@@ -208,8 +219,10 @@ class SelfAttention(nn.Module):
         layer_idx: int = 0,
         bias: bool = True,
         qk_norm: Callable[[int], nn.Module] | None = None,
+        residual_scores: str | None = None,
     ):
         super().__init__()
+        self.residual_scores = residual_scores
         self.num_heads = num_heads
         self.head_dim = hidden_size // num_heads
         self.dropout = dropout
@@ -229,8 +242,11 @@ class SelfAttention(nn.Module):
         cache: Cache | None = None,
         output_attentions: bool = False,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """rotary: RotaryEmbedding's (cos, sin) for these positions, or None."""
+        previous_scores: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(output, the weights if output_attentions, the scores the next layer adds if
+        residual_scores is "keep"). rotary: RotaryEmbedding's (cos, sin) for these positions.
+        previous_scores: the layer below's residual scores, or None."""
         batch, length, hidden = hidden_states.shape
         qkv = self.qkv(hidden_states).view(batch, length, 3, self.num_heads, self.head_dim)
         query, key, value = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
@@ -244,7 +260,24 @@ class SelfAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         # SDPA's is_causal aligns the mask top-left, which is only right without cached keys
         is_causal = self.is_causal and attention_mask is None and key.shape[2] == length
-        if output_attentions or prefers_written_out_attention(query, key):
+        scores = None
+        if self.residual_scores == "keep" or (self.residual_scores and output_attentions):
+            scores = attention_scores(query, key)
+            if previous_scores is not None:
+                scores = scores + previous_scores
+            context, weights = attention_from_scores(
+                scores, value, attention_mask, is_causal, dropout
+            )
+            weights = weights if output_attentions else None
+        elif previous_scores is not None:  # the top residual layer: the sum below as a mask
+            prior = previous_scores.to(query.dtype)
+            if attention_mask is not None:
+                prior = prior.masked_fill(~attention_mask, torch.finfo(prior.dtype).min)
+            context = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=prior, dropout_p=dropout, is_causal=is_causal
+            )
+            weights = None
+        elif output_attentions or prefers_written_out_attention(query, key):
             context, weights = explicit_attention(
                 query, key, value, attention_mask, is_causal, dropout
             )
@@ -255,7 +288,7 @@ class SelfAttention(nn.Module):
             )
             weights = None
         context = context.transpose(1, 2).reshape(batch, length, hidden)
-        return self.out(context), weights
+        return self.out(context), weights, scores
 
 
 def gated_mlp_width(intermediate_size: int) -> int:
@@ -331,26 +364,29 @@ class TransformerBlock(GradientCheckpointingLayer):
         cache: Cache | None = None,
         output_attentions: bool = False,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        previous_scores: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(hidden states, attention weights or None, residual scores or None: SelfAttention)"""
         if self.pre_layernorm:
-            attended, weights = self.attention(
+            attended, weights, scores = self.attention(
                 self.attention_norm(hidden_states),
                 attention_mask,
                 cache,
                 output_attentions,
                 rotary,
+                previous_scores,
             )
             hidden_states = hidden_states + self.dropout(attended)
             fed = self.feed_forward(self.feed_forward_norm(hidden_states))
             hidden_states = hidden_states + self.dropout(fed)
         else:
-            attended, weights = self.attention(
-                hidden_states, attention_mask, cache, output_attentions, rotary
+            attended, weights, scores = self.attention(
+                hidden_states, attention_mask, cache, output_attentions, rotary, previous_scores
             )
             hidden_states = self.attention_norm(hidden_states + self.dropout(attended))
             fed = self.feed_forward(hidden_states)
             hidden_states = self.feed_forward_norm(hidden_states + self.dropout(fed))
-        return hidden_states, weights
+        return hidden_states, weights, scores
 
 
 def rotary_embedding(config) -> RotaryEmbedding | None:
@@ -361,10 +397,16 @@ def rotary_embedding(config) -> RotaryEmbedding | None:
 
 
 def transformer_block(
-    config, layer_idx: int, pre_layernorm: bool, is_causal: bool = False
+    config,
+    layer_idx: int,
+    pre_layernorm: bool,
+    is_causal: bool = False,
+    residual_attention: bool = False,
 ) -> TransformerBlock:
     """Block `layer_idx` of a bert or gpt stack as its config describes it (both configs name
-    the fields alike): sizes, activation, dropouts, norms, biases, gated feed-forward, qk_norm."""
+    the fields alike): sizes, activation, dropouts, norms, biases, gated feed-forward, qk_norm;
+    with residual_attention, RealFormer's scores (SelfAttention's residual_scores)."""
+    top = layer_idx == config.num_hidden_layers - 1
     norm = norm_for(config)
     attention = SelfAttention(
         config.hidden_size,
@@ -374,6 +416,7 @@ def transformer_block(
         layer_idx,
         bias=config.attention_bias,
         qk_norm=norm if config.qk_norm else None,
+        residual_scores=("last" if top else "keep") if residual_attention else None,
     )
     feed_forward = FeedForward(
         config.hidden_size,
