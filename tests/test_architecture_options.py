@@ -240,7 +240,7 @@ def test_rotary_turns_each_pair_of_dimensions_by_position_times_its_frequency() 
     """head_dim 4, theta 100: dimension 0 pairs with 2 at 1 radian a position, 1 with 3 at
     100**-0.5 = 0.1 radian (Llama's layout)."""
     cos, sin = RotaryEmbedding(4, 100.0)(torch.tensor([[0, 3]]))
-    states = torch.eye(4)[None, None, [0, 1]].repeat(1, 1, 1, 1)  # e0 at position 0, e1 at 3
+    states = torch.eye(4)[None, None, [0, 1]]  # e0 at position 0, e1 at 3
     turned = rotate(states, cos, sin)[0, 0]
     torch.testing.assert_close(turned[0], torch.tensor([1.0, 0.0, 0.0, 0.0]))
     torch.testing.assert_close(turned[1], torch.tensor([0.0, math.cos(0.3), 0.0, math.sin(0.3)]))

@@ -89,7 +89,7 @@ class Schedule:
     warmup_is_ratio: bool
     budget_minutes: float | None
     d_model: int | None
-    wsd_decay: float | None = None
+    wsd_decay: float = 1.0  # wsd only: the share of the run it decays over (--wsd-decay)
 
 
 def parameter_groups(
@@ -189,6 +189,8 @@ def training_optimizer(
     Muon on `muon_matrices` (refused under FSDP and DeepSpeed: check_muon_engine)."""
     check_muon_engine(options.optim, accelerator.distributed_type)
     matrices = muon_matrices(model) if options.optim == "muon" else []
+    if options.optim == "muon" and not matrices:
+        raise ConfigError("--optim muon: the model has no 2-d weight matrices in its body")
     leave_out = frozenset(map(id, matrices))
     rest = adamw(
         parameter_groups(model, options.weight_decay, leave_out),
@@ -199,8 +201,6 @@ def training_optimizer(
     )
     if options.optim == "adamw":
         return rest
-    if not matrices:
-        raise ConfigError("--optim muon: the model has no 2-d weight matrices in its body")
     muon = torch.optim.Muon(
         matrices,
         lr=options.muon_lr or options.lr,
@@ -212,18 +212,16 @@ def training_optimizer(
 
 
 def schedule_multiplier(
-    schedule: str, position: float, total: float, warmup: float, wsd_decay: float | None = None
+    schedule: str, position: float, total: float, warmup: float, wsd_decay: float = 1.0
 ) -> float:
     """Multiplier of the peak lr for linear | cosine | constant | wsd at `position` of a run of
     `total` with `warmup`, all three in one unit (steps, or seconds in budget mode); wsd
-    decays over the last `wsd_decay` share of `total`."""
+    decays over the last `wsd_decay` share of `total` (the others ignore it)."""
     if position < warmup:
         return position / warmup
     if schedule == "constant":
         return 1.0
     if schedule == "wsd":
-        if wsd_decay is None:
-            raise ConfigError("the wsd schedule needs its decay share (--wsd-decay)")
         return min(1.0, max(0.0, (total - position) / (wsd_decay * total)))
     progress = min(1.0, max(0.0, (position - warmup) / max(total - warmup, 1e-12)))
     if schedule == "linear":
