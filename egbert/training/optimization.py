@@ -122,13 +122,10 @@ def adamw(parameters: Any, device: torch.device | str, **options: Any) -> torch.
 
 def muon_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The parameters Muon trains: the trainable 2-d weights of the model's body
-    (`base_model`, the model itself where it has none) that are not embedding tables, and not
-    the output embeddings (a head tied to them or not)."""
+    (`base_model`, the model itself where it has none) that are not embedding tables. The heads,
+    an LM head tied to the embeddings or not, lie outside the body."""
     body = getattr(model, "base_model", model)
     tables = {id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)}
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if output is not None:
-        tables.add(id(output.weight))
     return [
         param
         for param in body.parameters()
