@@ -202,6 +202,14 @@ class TrainingArguments:
         default=None, metadata={"help": "label smoothing of the model's loss (training only)"}
     )
     eval_every: int = field(default=0, metadata={"help": "evaluate every N steps (0: at the end)"})
+    eval_every_minutes: float = field(
+        default=0.0,
+        metadata={
+            "help": "also evaluate each time another M minutes of training time have passed "
+            "(evaluation and saving not counted): the validation loss at fixed minute marks, "
+            "to compare runs by the time they take to reach a loss (0: off)"
+        },
+    )
     save_every: int = field(
         default=0, metadata={"help": "checkpoint every N steps (0: only at the end)"}
     )
@@ -311,6 +319,7 @@ class TrainingArguments:
             "max_grad_norm": self.max_grad_norm,
             "muon_weight_decay": self.muon_weight_decay,
             "eval_every": self.eval_every,
+            "eval_every_minutes": self.eval_every_minutes,
             "save_every": self.save_every,
             "skip_nonfinite": self.skip_nonfinite,
             "num_workers": self.num_workers or 0,

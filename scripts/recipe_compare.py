@@ -285,9 +285,14 @@ def ablation_options(name: str, value: Any, preset: str) -> dict[str, Any]:
     if not candidate.in_model_config:
         return dict.fromkeys(candidate.fields, value)
     overrides = recipe_arguments(preset)[0].config_overrides
-    fields = dict(item.split("=") for item in overrides.split(",")) if overrides else {}
-    fields |= dict.fromkeys(candidate.fields, str(value).lower())
-    return {"config_overrides": ",".join(f"{field}={text}" for field, text in fields.items())}
+    return {"config_overrides": with_fields(overrides, dict.fromkeys(candidate.fields, value))}
+
+
+def with_fields(overrides: str | None, fields: dict[str, Any]) -> str:
+    """--config-overrides `overrides` ("field=value,...") with `fields` set over it."""
+    merged = dict(item.split("=") for item in overrides.split(",")) if overrides else {}
+    merged |= {field: str(value).lower() for field, value in fields.items()}
+    return ",".join(f"{field}={text}" for field, text in merged.items())
 
 
 # ---------------------------------------------------------------- pretraining
@@ -359,6 +364,7 @@ def pretrain_egbert(
     budget: float,
     changes: dict[str, Any] | None = None,
     family: str = "bert",
+    seed: int = SEED,
 ) -> Path:
     """Egbert's recipe for the family (with `changes` over it); resumes an interrupted run."""
     if is_finished(run_dir):
@@ -371,7 +377,7 @@ def pretrain_egbert(
         tokenizer=str(tokenizer_dir),
         train_files=[str(path) for path in files],
         budget_minutes=budget,
-        seed=SEED,
+        seed=seed,
         output_dir=str(run_dir),
         # for resuming, not part of the recipe
         save_every=500,
@@ -578,6 +584,236 @@ def plot_loss_curves(path: Path, run_dirs: dict[str, Path]) -> None:
     plt.close(figure)
 
 
+# ---------------------------------------------------------------- time to loss (--time-to-loss)
+
+# Every run is evaluated on the same held-out text, the first VALIDATION_SAMPLES examples of
+# WikiText-2 valid (128-token blocks for bert and gpt, elmo's 64), at every EVAL_EVERY_MINUTES of
+# training time (evaluation is not counted) and at the budget's end.
+WIKITEXT_VALID = Path("corpus") / "wikitext-2" / "wiki.valid.tokens"
+VALIDATION_SAMPLES = 256
+EVAL_EVERY_MINUTES = 1.0
+RECIPE_SEEDS = (SEED, SEED + 1)  # the family's recipe twice: the run-to-run spread
+ALL_FAMILIES = ("bert", *FAMILIES)
+TRANSFORMERS = ("bert", "gpt")
+
+
+@dataclass(frozen=True)
+class TimedOption:
+    """An option --time-to-loss flips on a family's recipe: options of `egbert pretrain` and
+    fields of the model config, for the families that have them."""
+
+    options: dict[str, Any]
+    config: dict[str, Any]
+    families: tuple[str, ...]
+
+
+NO_BIASES = dict.fromkeys(("attention_bias", "mlp_bias", "norm_bias"), False)
+TIMED_OPTIONS = {
+    "muon": TimedOption({"optim": "muon"}, {}, ALL_FAMILIES),
+    "wsd": TimedOption({"schedule": "wsd"}, {}, ALL_FAMILIES),
+    "rotary": TimedOption({}, {"position_embedding_type": "rotary"}, TRANSFORMERS),
+    "gated-mlp": TimedOption({}, {"gated_mlp": True}, TRANSFORMERS),
+    "rmsnorm": TimedOption({}, {"norm_type": "rmsnorm"}, TRANSFORMERS),
+    "qk-norm": TimedOption({}, {"qk_norm": True}, TRANSFORMERS),
+    "no-bias": TimedOption({}, NO_BIASES, TRANSFORMERS),
+    "embedding-norm": TimedOption({}, {"embedding_norm": True}, ("gpt",)),  # bert has one
+    "residual-attention": TimedOption({}, {"residual_attention": True}, ("bert",)),
+}
+
+
+@dataclass(frozen=True)
+class TimedRun:
+    """One --time-to-loss pretraining: the family's recipe with `changes` over it."""
+
+    family: str
+    label: str
+    folder: str
+    seed: int = SEED
+    changes: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def timed_runs(family: str, flip: Sequence[str], combine: Sequence[str], preset: str) -> list:
+    """The family's runs: its recipe once per RECIPE_SEEDS seed, each option of `flip` it has
+    alone, then the options of `combine` it has together (when that is not one of those)."""
+    runs = [
+        TimedRun(family, family, family)
+        if seed == SEED
+        else TimedRun(family, f"{family}, seed {seed}", f"{family}-seed{seed}", seed)
+        for seed in RECIPE_SEEDS
+    ]
+    for group in [*([name] for name in flip), combine]:
+        names = [name for name in group if family in TIMED_OPTIONS[name].families]
+        label = f"{family}, {' + '.join(names)}"
+        if names and label not in (run.label for run in runs):
+            changes = timed_changes(names, family, preset)
+            runs.append(TimedRun(family, label, f"{family}-{'+'.join(names)}", SEED, changes))
+    return runs
+
+
+def timed_changes(names: Sequence[str], family: str, preset: str) -> dict[str, Any]:
+    """The options of `egbert.run_pretraining` that turn the named options on over the family's
+    recipe (model config fields: the recipe's config_overrides with those fields set)."""
+    options: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    for name in names:
+        options |= TIMED_OPTIONS[name].options
+        config |= TIMED_OPTIONS[name].config
+    if config:
+        overrides = recipe_arguments(preset, family=family)[0].config_overrides
+        options["config_overrides"] = with_fields(overrides, config)
+    return options
+
+
+def validation_options(data: Path) -> dict[str, Any]:
+    """What every timed run adds to its recipe: the held-out text and its minute marks."""
+    return {
+        "validation_files": [str(data / WIKITEXT_VALID)],
+        "max_eval_samples": VALIDATION_SAMPLES,
+        "eval_every_minutes": EVAL_EVERY_MINUTES,
+    }
+
+
+def validation_curve(run_dir: Path) -> list[tuple[float, float]]:
+    """(minutes of training, validation loss) at each evaluation of the run."""
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    return [(r["elapsed_s"] / 60, r["loss"]) for r in records if r.get("split") == "eval"]
+
+
+def minutes_to_reach(curve: Sequence[tuple[float, float]], target: float) -> float | None:
+    """The training minutes at which the curve first reaches `target`, interpolated linearly
+    between the evaluations on either side (None: it never does)."""
+    before = None
+    for minutes, loss in curve:
+        if loss <= target:
+            if before is None:
+                return minutes
+            return before[0] + (minutes - before[0]) * (before[1] - target) / (before[1] - loss)
+        before = (minutes, loss)
+    return None
+
+
+def timed_summary(run: TimedRun, run_dir: Path) -> dict[str, Any]:
+    """Steps, tokens/s, the validation curve and its last loss (the budget's end) of a run."""
+    results = egbert.read_train_results(run_dir)
+    curve = validation_curve(run_dir)
+    return {
+        "family": run.family,
+        "seed": run.seed,
+        "changes": run.changes,
+        "steps": results["step"],
+        "tokens_per_second": results["tokens"] / results["elapsed_seconds"],
+        "curve": curve,
+        "final_loss": curve[-1][1],
+    } | read_sitting(run_dir)
+
+
+def family_target(summaries: dict[str, dict[str, Any]], family: str) -> tuple[float, float]:
+    """The family recipe's validation loss at the budget's end (the mean of its seeds) and the
+    spread between its seeds."""
+    losses = [
+        s["final_loss"] for s in summaries.values() if s["family"] == family and not s["changes"]
+    ]
+    return sum(losses) / len(losses), max(losses) - min(losses)
+
+
+def time_to_loss_table(summaries: dict[str, dict[str, Any]], family: str, budget: float) -> str:
+    """Markdown: the family's runs, each with its tokens/s, its validation loss at the budget's
+    end and the minutes it takes to reach the recipe's (speed-up: budget / those minutes)."""
+    target, spread = family_target(summaries, family)
+    lines = [
+        f"| {family} run | steps | tokens/s | validation loss at {budget:g} min | vs recipe "
+        f"| minutes to {target:.3f} | speed-up |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, s in summaries.items():
+        if s["family"] != family:
+            continue
+        minutes = minutes_to_reach(s["curve"], target)
+        reached = "not reached" if minutes is None else f"{minutes:.1f}"
+        speedup = "" if minutes is None else f"{budget / minutes:.2f}x"
+        lines.append(
+            f"| {label} | {s['steps']:,} | {s['tokens_per_second']:,.0f} | {s['final_loss']:.3f} "
+            f"| {s['final_loss'] - target:+.3f} | {reached} | {speedup} |"
+        )
+    lines.append(
+        f"\nThe recipe's seeds differ by {spread:.3f} at {budget:g} minutes: a default changes "
+        "only on a win larger than that."
+    )
+    return "\n".join(lines)
+
+
+def plot_validation_curves(path: Path, summaries: dict[str, dict[str, Any]]) -> None:
+    """Validation loss against minutes of training, one panel per family, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers
+    import matplotlib.pyplot as plt
+
+    families = list(dict.fromkeys(s["family"] for s in summaries.values()))
+    figure, panels = plt.subplots(1, len(families), figsize=(6 * len(families), 4.5), squeeze=False)
+    for axes, family in zip(panels[0], families, strict=True):
+        for label, s in summaries.items():
+            if s["family"] == family and s["curve"]:
+                minutes, losses = zip(*s["curve"], strict=True)
+                axes.plot(minutes, losses, "--" if s["changes"] else "-", label=label)
+        axes.set_title(f"{family} ({LOSS_NAMES.get(family, 'MLM')} loss)")
+        axes.set_xlabel("minutes of training")
+        axes.set_ylabel("validation loss")
+        axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def run_time_to_loss(args: argparse.Namespace) -> dict[str, Any]:
+    """Tokenizer -> each family's timed runs -> the time-to-loss tables; returns the report."""
+    data = find_data(args.data)
+    files = corpus_files(data)
+    if not (data / WIKITEXT_VALID).is_file():
+        raise egbert.DataError(f"{data / WIKITEXT_VALID}: not found; the held-out text is needed")
+    output_dir, folder = args.output_dir, args.output_dir / "time-to-loss"
+    recipes = {family: recipe_record(family) for family in args.time_to_loss}
+    check_options(
+        output_dir,
+        {
+            "preset": args.preset,
+            "budget_minutes": args.budget_minutes,
+            "vocab_size": args.vocab_size,
+            "time_to_loss": {"recipes": recipes, "validation": validation_options(Path("DATA"))},
+        },
+    )
+    print(f"[1/3] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
+    tokenizer_dir = train_tokenizer(output_dir, files, args.vocab_size)
+    runs = [
+        run
+        for family in args.time_to_loss
+        for run in timed_runs(family, args.flip, args.combine, args.preset)
+    ]
+    print(
+        f"[2/3] pretraining {len(runs)} runs ({args.preset}) for {args.budget_minutes:g} min "
+        f"each, validated every {EVAL_EVERY_MINUTES:g} min",
+        flush=True,
+    )
+    summaries = {}
+    for run in runs:
+        changes = {**run.changes, **validation_options(data)}
+        run_dir = pretrain_egbert(
+            run.label, folder / run.folder, tokenizer_dir, files, args.preset,
+            args.budget_minutes, changes, run.family, run.seed,
+        )  # fmt: skip
+        summaries[run.label] = timed_summary(run, run_dir)
+
+    print(f"[3/3] results -> {folder / 'results.md'}", flush=True)
+    tables = [time_to_loss_table(summaries, family, args.budget_minutes) for family in recipes]
+    report = {"preset": args.preset, "budget_minutes": args.budget_minutes, "recipes": recipes}
+    report["runs"] = summaries
+    (folder / "results.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (folder / "results.md").write_text("\n\n".join(tables) + "\n", encoding="utf-8")
+    plot_validation_curves(folder / "loss_curves.png", summaries)
+    print("\n\n".join(tables), flush=True)
+    return report
+
+
 # ---------------------------------------------------------------- the pipeline
 
 
@@ -747,6 +983,34 @@ def build_parser() -> argparse.ArgumentParser:
         "fine-tune each next to its randomly initialised twin",
     )
     parser.add_argument(
+        "--time-to-loss",
+        nargs="+",
+        default=[],
+        choices=ALL_FAMILIES,
+        metavar="FAMILY",
+        help="instead of the GLUE comparison: pretrain each family's recipe twice (seeds "
+        f"{' and '.join(map(str, RECIPE_SEEDS))}), then once per --flip option and once with the "
+        "--combine options, validating every minute on WikiText-2 valid, and tabulate the "
+        "minutes each run takes to reach the recipe's final validation loss",
+    )
+    parser.add_argument(
+        "--flip",
+        nargs="*",
+        default=list(TIMED_OPTIONS),
+        choices=TIMED_OPTIONS,
+        metavar="OPTION",
+        help="--time-to-loss: the options flipped alone, one run each, on the families that have "
+        f"them ({', '.join(TIMED_OPTIONS)}; default: all; --flip alone: none)",
+    )
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        default=[],
+        choices=TIMED_OPTIONS,
+        metavar="OPTION",
+        help="--time-to-loss: one more run per family with these options together",
+    )
+    parser.add_argument(
         "--finetune-seeds",
         nargs="+",
         type=int,
@@ -759,6 +1023,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    if args.time_to_loss and (args.ablate or args.families):
+        raise egbert.ConfigError(
+            "--time-to-loss names the families it pretrains and flips --flip's options; "
+            "leave out --ablate and --families (they belong to the GLUE comparison)"
+        )
     unknown = [name for name in args.ablate if name not in CANDIDATES]
     if unknown:
         raise egbert.ConfigError(
@@ -776,7 +1045,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     try:
         check_args(args)
-        return run_comparison(args)
+        return run_time_to_loss(args) if args.time_to_loss else run_comparison(args)
     except RunStopped:
         print(f"{parser.prog}: stopped; run the same command again to go on from there")
         return {}

@@ -119,7 +119,7 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
         "compile": True, "compile_mode": "max-autotune", "use_cpu": True,
         "ddp_find_unused_parameters": True, "resume_from_checkpoint": "o/checkpoints/step-3",
         "replay_clock": "done", "optim": "muon", "muon_lr": 0.02, "muon_weight_decay": 0.1,
-        "muon_momentum": 0.9, "wsd_decay": 0.3,
+        "muon_momentum": 0.9, "wsd_decay": 0.3, "eval_every_minutes": 2.5,
     }  # fmt: skip
     argv = []
     for name, value in values.items():

@@ -180,7 +180,8 @@ def every_option() -> list[tuple[str, str, object]]:
 # evaluated when, saved, tracked or written beside the model, never what is trained; and a
 # longer run.
 MAY_CHANGE = {
-    "output_dir", "resume", "resume_anyway", "log_every", "eval_every", "save_every",
+    "output_dir", "resume", "resume_anyway", "log_every", "eval_every", "eval_every_minutes",
+    "save_every",
     "keep_checkpoints", "report_to", "num_workers", "skip_nonfinite", "num_proc",
     "card_datasets", "license", "base_model_id", "predict", "test_file",
     "resume_from_checkpoint", "overwrite_output_dir",  # which checkpoint a run starts from

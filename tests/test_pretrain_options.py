@@ -358,7 +358,7 @@ API_OPTIONS = [
         "validation_files": ["v.txt"], "output_dir": "out", "overwrite_output_dir": True,
         "fp16": True, "gradient_checkpointing": True, "auto_find_batch_size": True,
         "group_by_length": True, "optim": "muon", "muon_lr": 0.02, "muon_weight_decay": 0.1,
-        "muon_momentum": 0.9, "wsd_decay": 0.3,
+        "muon_momentum": 0.9, "wsd_decay": 0.3, "eval_every_minutes": 2.5,
     },
 ]  # fmt: skip
 

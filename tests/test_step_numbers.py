@@ -207,19 +207,20 @@ def test_a_plain_output_logs_its_loss_alone():
 
 
 @pytest.mark.parametrize(
-    ("skip_nonfinite", "budget_minutes", "processes", "each_step"),
+    ("skip_nonfinite", "timed", "processes", "each_step"),
     [
-        (0, None, 1, False),
-        (1, None, 1, True),
-        (0, 5.0, 2, True),
-        (0, 5.0, 1, False),
-        (0, None, 2, False),
+        (0, False, 1, False),
+        (1, False, 1, True),
+        (0, True, 2, True),
+        (0, True, 1, False),
+        (0, False, 2, False),
     ],
 )
-def test_processes_agree_each_step_only_to_skip_a_step_or_share_a_budget(
-    skip_nonfinite, budget_minutes, processes, each_step
+def test_processes_agree_each_step_only_to_skip_a_step_or_share_a_clock(
+    skip_nonfinite, timed, processes, each_step
 ):
-    assert agrees_each_step(skip_nonfinite, budget_minutes, processes) is each_step
+    """`timed`: a budget or --eval-every-minutes, which read the elapsed time every step."""
+    assert agrees_each_step(skip_nonfinite, timed, processes) is each_step
 
 
 def test_the_clock_is_the_wall_clock_unless_a_run_is_replayed():

@@ -390,6 +390,23 @@ def test_logs_evaluations_and_checkpoints_come_at_their_intervals(tmp_path):
     assert (out / "model" / "model.safetensors").is_file()
 
 
+@proves("pretrain", "--eval-every-minutes")
+def test_evaluations_come_at_minute_marks_of_the_training_time(tmp_path):
+    """A replayed clock (--replay-clock) sets each step's training time: marks every minute are
+    passed after steps 3 (70 s), 5 (130 s) and 6 (250 s: two marks at once, one evaluation),
+    and each evaluation records the training time it came at."""
+    clock = tmp_path / "clock"
+    clock.mkdir()
+    readings = [20.0, 50.0, 70.0, 100.0, 130.0, 250.0, 260.0]
+    (clock / "clock.json").write_text(json.dumps({"elapsed_seconds": readings}))
+    argv = ["--max-steps", "7", "--replay-clock", str(clock), "--eval-every-minutes", "1"]
+    trainer = trainer_of(options(tmp_path / "run", *argv), eval_size=8)
+    trainer.train()
+    evaluations = records(trainer, "eval")
+    assert [record["step"] for record in evaluations] == [3, 5, 6, 7]  # 7: the run's end
+    assert [record["elapsed_s"] for record in evaluations] == [70.0, 130.0, 250.0, 260.0]
+
+
 @proves("pretrain", "--report-to")
 def test_report_to_tensorboard_writes_the_records_for_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

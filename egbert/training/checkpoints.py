@@ -436,6 +436,7 @@ MAY_CHANGE_ON_RESUME = frozenset(
         "resume_anyway",
         "log_every",
         "eval_every",
+        "eval_every_minutes",
         "save_every",
         "keep_checkpoints",
         "report_to",

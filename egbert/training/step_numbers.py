@@ -103,11 +103,12 @@ def precision_record(state: Any, scale: float | None) -> dict[str, float]:
     return {"loss_scale": scale, "skipped_overflow": state.skipped_overflow}
 
 
-def agrees_each_step(skip_nonfinite: int, budget_minutes: float | None, num_processes: int) -> bool:
+def agrees_each_step(skip_nonfinite: int, timed: bool, num_processes: int) -> bool:
     """Whether the processes agree every step (before the update) or at sync points only:
-    skipping non-finite steps (--skip-nonfinite) must decide before the update, and a budget
-    shared by several processes must give them one elapsed time (one lr) every step."""
-    return skip_nonfinite > 0 or (budget_minutes is not None and num_processes > 1)
+    skipping non-finite steps (--skip-nonfinite) must decide before the update, and a run
+    `timed` by its elapsed time (a budget, evaluations at minute marks) shared by several
+    processes must give them one elapsed time (one lr, one evaluation step) every step."""
+    return skip_nonfinite > 0 or (timed and num_processes > 1)
 
 
 class TrainingClock:

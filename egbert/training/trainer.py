@@ -237,6 +237,11 @@ def evaluates_or_saves(step: int, eval_every: int, save_every: int) -> bool:
     return any(every and step % every == 0 for every in (eval_every, save_every))
 
 
+def minute_marks_passed(elapsed_seconds: float, every_minutes: float) -> int:
+    """How many marks of --eval-every-minutes the training time has passed (0 when off)."""
+    return int(elapsed_seconds // (every_minutes * 60)) if every_minutes else 0
+
+
 def progress_bar(accelerator: Any, total: int | None, initial: int) -> tqdm:
     """The run's tqdm bar of optimizer steps, on the main process of each machine."""
     disable = not accelerator.is_local_main_process
@@ -329,8 +334,8 @@ class Trainer:
         self._last_eval, self._last_eval_step = {}, None  # its metrics, its step
         self._last_lr = args.lr
         self.replayed_clock = None if args.replay_clock is None else read_clock(args.replay_clock)
-        skip, budget = args.skip_nonfinite, args.budget_minutes
-        self._agree_each_step = agrees_each_step(skip, budget, processes)
+        timed = args.budget_minutes is not None or args.eval_every_minutes > 0
+        self._agree_each_step = agrees_each_step(args.skip_nonfinite, timed, processes)
 
     def _setup_model(
         self, model: torch.nn.Module, flops_per_token: Callable[[int], float] | None
@@ -467,6 +472,9 @@ class Trainer:
         self.ledger = StepLedger(self.accelerator, self.state.elapsed_seconds, flops)
         compiling, replay_clock = self.args.compile, self.args.replay_clock
         self.clock = training_clock(compiling, replay_clock, self.replayed_clock, self.state)
+        self._marks_evaluated = minute_marks_passed(
+            self.state.elapsed_seconds, self.args.eval_every_minutes
+        )
         while not self._finished() and epochs_left(self.length, self.state.epoch):
             if not self._train_epoch(progress):
                 break
@@ -590,7 +598,11 @@ class Trainer:
         state, args = self.state, self.args
         logging = state.step % args.log_every == 0 or self._finished()
         signal_here = self._signal_received is not None and self.accelerator.num_processes == 1
-        evaluating_or_saving = evaluates_or_saves(state.step, args.eval_every, args.save_every)
+        marks = minute_marks_passed(state.elapsed_seconds, args.eval_every_minutes)
+        at_minute_mark = marks > self._marks_evaluated and bool(self.eval_sets)
+        evaluating_or_saving = at_minute_mark or evaluates_or_saves(
+            state.step, args.eval_every, args.save_every
+        )
         if logging or evaluating_or_saving or signal_here:
             self._agree_on_pending_steps()
         # The clock runs on from the backward pass, so the update just made (and the wait for the
@@ -599,8 +611,10 @@ class Trainer:
         with self.clock.paused():
             if self.ledger.window.steps and (logging or self._finished()):
                 self._log_training(progress)
-            if args.eval_every and state.step % args.eval_every == 0 and self.eval_sets:
+            at_step_mark = args.eval_every and state.step % args.eval_every == 0
+            if (at_step_mark or at_minute_mark) and self.eval_sets:
                 self._evaluate_and_track()
+                self._marks_evaluated = marks
             if args.save_every and state.step % args.save_every == 0 and not self._finished():
                 self.save_checkpoint()
 
@@ -627,7 +641,9 @@ class Trainer:
         metrics = self.evaluate()
         self._last_eval, self._last_eval_step = metrics, self.state.step
         epoch = epochs_done(self.state.epoch, self.state.batches_in_epoch, self.train_loader)
-        self.log.record("eval", {"step": self.state.step, "epoch": epoch, **metrics})
+        elapsed = round(self.state.elapsed_seconds, 3)
+        record = {"step": self.state.step, "epoch": epoch, "elapsed_s": elapsed, **metrics}
+        self.log.record("eval", record)
         summary = ", ".join(f"{name} {value:.4g}" for name, value in metrics.items())
         self.log.message(f"eval at step {self.state.step}: {summary}")
         self.best.track(metrics, self.state)
