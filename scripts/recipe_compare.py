@@ -22,6 +22,19 @@
    table of each seed's average when there are several, and an ablation table),
    `results.json` and `loss_curves.png` (training loss against minutes), and prints them.
 
+With --time-to-loss FAMILY [...] it compares pretraining recipes by time instead (no GLUE):
+
+    python scripts/recipe_compare.py --time-to-loss bert gpt elmo [--flip muon wsd ...] \\
+        [--combine muon wsd ...] [--budget-minutes 25] [--preset mini]
+
+each family's recipe twice (seeds 42 and 43: the run-to-run spread), each --flip option the
+family has alone on top of it (default: all of them), and the --combine options together, each
+validated on the first 256 examples of WikiText-2 valid every minute of training time (evaluation
+not counted) and at the budget's end; time-to-loss/results.md tabulates tokens/s, the validation
+loss at the budget's end and the minutes each run needs to reach the recipe's (the mean of its
+seeds, interpolated on each run's curve), time-to-loss/loss_curves.png plots validation loss
+against minutes.
+
 A rerun reuses every finished step; a rerun with another preset, budget, vocabulary, sample
 count or recipe on the same --output-dir is refused. SIGTERM or Ctrl-C stop the run in progress
 with a checkpoint; the same command goes on from there.
@@ -605,16 +618,20 @@ class TimedOption:
     options: dict[str, Any]
     config: dict[str, Any]
     families: tuple[str, ...]
+    # bert's recipe starts its heads on their neighbours, which needs learned positions and
+    # sets the query and key scale: rotary positions and QK-norm take that start's place there
+    bert_config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+NOT_LOCAL = {"local_attention_init": False}
 NO_BIASES = dict.fromkeys(("attention_bias", "mlp_bias", "norm_bias"), False)
 TIMED_OPTIONS = {
     "muon": TimedOption({"optim": "muon"}, {}, ALL_FAMILIES),
     "wsd": TimedOption({"schedule": "wsd"}, {}, ALL_FAMILIES),
-    "rotary": TimedOption({}, {"position_embedding_type": "rotary"}, TRANSFORMERS),
+    "rotary": TimedOption({}, {"position_embedding_type": "rotary"}, TRANSFORMERS, NOT_LOCAL),
     "gated-mlp": TimedOption({}, {"gated_mlp": True}, TRANSFORMERS),
     "rmsnorm": TimedOption({}, {"norm_type": "rmsnorm"}, TRANSFORMERS),
-    "qk-norm": TimedOption({}, {"qk_norm": True}, TRANSFORMERS),
+    "qk-norm": TimedOption({}, {"qk_norm": True}, TRANSFORMERS, NOT_LOCAL),
     "no-bias": TimedOption({}, NO_BIASES, TRANSFORMERS),
     "embedding-norm": TimedOption({}, {"embedding_norm": True}, ("gpt",)),  # bert has one
     "residual-attention": TimedOption({}, {"residual_attention": True}, ("bert",)),
@@ -656,8 +673,9 @@ def timed_changes(names: Sequence[str], family: str, preset: str) -> dict[str, A
     options: dict[str, Any] = {}
     config: dict[str, Any] = {}
     for name in names:
-        options |= TIMED_OPTIONS[name].options
-        config |= TIMED_OPTIONS[name].config
+        option = TIMED_OPTIONS[name]
+        options |= option.options
+        config |= option.config | (option.bert_config if family == "bert" else {})
     if config:
         overrides = recipe_arguments(preset, family=family)[0].config_overrides
         options["config_overrides"] = with_fields(overrides, config)

@@ -265,6 +265,7 @@ def test_each_ablation_flips_one_choice_of_the_recipe(name: str, tiny_tokenizer_
         (["--ablate", "nsp", "warp-drive"], "--ablate warp-drive: unknown candidate"),
         (["--budget-minutes", "0"], "--budget-minutes must be > 0"),
         (["--finetune-seeds", "42", "42"], "name each seed once"),
+        (["--time-to-loss", "gpt", "--ablate", "nsp"], "leave out --ablate and --families"),
         (["--data", "{tmp}"], "wiki.train.tokens: not found; point --data"),
         (["--data", "{data}", "--tasks", "rte", "nosuch"], "unknown task 'nosuch'"),
     ],
@@ -296,3 +297,131 @@ def test_the_pretraining_table_says_when_budget_runs_come_from_different_days():
     for other in (summary("2026-11-22 23:00"), summary(None)):
         table = recipe_compare.pretraining_table(one_day | {"egbert": other})
         assert "did not all finish on one day" in table
+
+
+# ---------------------------------------------------------------- --time-to-loss
+
+
+@pytest.mark.slow
+def test_time_to_loss_validates_each_run_at_minute_marks_and_tabulates_them(
+    micro_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Each family's recipe twice, each --flip option it has alone, the --combine options it
+    has together; every run validated on WikiText-2 valid at minute marks (here every 0.3 s)."""
+    monkeypatch.setattr(recipe_compare, "EVAL_EVERY_MINUTES", 0.005)
+    monkeypatch.setattr(recipe_compare, "VALIDATION_SAMPLES", 12)
+    out = tmp_path / "run"
+    argv = ["--time-to-loss", "gpt", "elmo", "--flip", "muon", "--combine", "muon", "qk-norm"]
+    run_micro(micro_data, out, *argv, "--budget-minutes", "0.02")
+    folder = out / "time-to-loss"
+    report = json.loads((folder / "results.json").read_text())
+    runs = report["runs"]
+    gpt_runs = ["gpt", "gpt, seed 43", "gpt, muon", "gpt, muon + qk-norm"]
+    # elmo has no qk-norm: its combination is "elmo, muon", already run
+    assert list(runs) == [*gpt_runs, "elmo", "elmo, seed 43", "elmo, muon"]
+
+    def saved(name: str, file: str) -> dict:
+        return json.loads((folder / name / file).read_text())
+
+    for name, qk_norm, optim, seed in [
+        ("gpt", False, "adamw", 42),
+        ("gpt-seed43", False, "adamw", 43),
+        ("gpt-muon", False, "muon", 42),
+        ("gpt-muon+qk-norm", True, "muon", 42),
+    ]:
+        assert saved(name, "model/config.json")["qk_norm"] is qk_norm
+        parts = saved(name, "pretrain_args.json")
+        options = parts["pretrain"] | parts["training"]
+        assert (options["optim"], options["seed"]) == (optim, seed)
+        assert options["validation_files"] == [str(micro_data / recipe_compare.WIKITEXT_VALID)]
+        assert (options["max_eval_samples"], options["eval_every_minutes"]) == (12, 0.005)
+    assert saved("elmo-muon", "pretrain_args.json")["training"]["optim"] == "muon"
+
+    lines = (folder / "results.md").read_text().splitlines()
+    for family, labels in (("gpt", gpt_runs), ("elmo", list(runs)[4:])):
+        target = (runs[family]["final_loss"] + runs[f"{family}, seed 43"]["final_loss"]) / 2
+        header = next(line for line in lines if line.startswith(f"| {family} run |"))
+        assert f"| minutes to {target:.3f} |" in header
+        for label in labels:
+            summary = runs[label]
+            curve = summary["curve"]
+            minutes = [point[0] for point in curve]
+            assert len(curve) >= 2 and minutes == sorted(minutes)
+            assert curve[-1][1] == summary["final_loss"] and math.isfinite(summary["final_loss"])
+            row = next(line for line in lines if line.startswith(f"| {label} |")).split("|")
+            assert float(row[4]) == pytest.approx(summary["final_loss"], abs=5e-4)
+            assert float(row[5]) == pytest.approx(summary["final_loss"] - target, abs=5e-4)
+            reached = recipe_compare.minutes_to_reach(curve, target)
+            assert row[6].strip() == ("not reached" if reached is None else f"{reached:.1f}")
+    assert (folder / "loss_curves.png").stat().st_size > 1000
+
+
+FALLING = [(1.0, 5.0), (2.0, 4.0), (3.0, 3.5)]
+BUMPY = [(1.0, 5.0), (2.0, 4.4), (3.0, 4.6), (4.0, 3.5)]
+
+
+@pytest.mark.parametrize(
+    ("curve", "target", "minutes"),
+    [
+        (FALLING, 4.5, 1.5),
+        (FALLING, 3.75, 2.5),
+        (FALLING, 5.5, 1.0),  # there at the first evaluation
+        (FALLING, 3.0, None),
+        (BUMPY, 4.45, 1 + 0.55 / 0.6),  # the first crossing, not the later one
+    ],
+)
+def test_minutes_to_reach_interpolate_where_the_curve_first_gets_there(curve, target, minutes):
+    reached = recipe_compare.minutes_to_reach(curve, target)
+    assert reached == (None if minutes is None else pytest.approx(minutes))
+
+
+def test_the_time_to_loss_table_measures_each_run_against_the_recipes_seeds():
+    def summary(curve, changes=None, steps=100):
+        return {"family": "gpt", "changes": changes or {}, "steps": steps,
+                "tokens_per_second": 1234.4, "curve": curve,
+                "final_loss": curve[-1][1]}  # fmt: skip
+
+    summaries = {
+        "gpt": summary([(1.0, 5.0), (3.0, 4.0)]),
+        "gpt, seed 43": summary([(1.0, 5.1), (3.0, 4.2)]),
+        "gpt, muon": summary([(1.0, 5.0), (2.0, 4.3), (3.0, 3.9)], {"optim": "muon"}, 1500),
+        "gpt, rotary": summary([(1.0, 5.0), (3.0, 4.3)], {"config_overrides": "x=1"}),
+    }
+    table = recipe_compare.time_to_loss_table(summaries, "gpt", 3.0).splitlines()
+    assert table[0] == (
+        "| gpt run | steps | tokens/s | validation loss at 3 min | vs recipe | minutes to 4.100 "
+        "| speed-up |"
+    )
+    # the target 4.1 is reached at 2 + (4.3 - 4.1) / (4.3 - 3.9) = 2.5 minutes: 3 / 2.5 = 1.2x
+    assert table[4] == "| gpt, muon | 1,500 | 1,234 | 3.900 | -0.200 | 2.5 | 1.20x |"
+    assert table[5] == "| gpt, rotary | 100 | 1,234 | 4.300 | +0.200 | not reached |  |"
+    assert "The recipe's seeds differ by 0.200 at 3 minutes" in table[-1]
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        (name, family)
+        for name, option in recipe_compare.TIMED_OPTIONS.items()
+        for family in option.families
+    ],
+)
+def test_each_timed_option_turns_its_fields_on_over_the_family_recipe(
+    name: str, family: str, tiny_tokenizer_dir: Path
+):
+    option = recipe_compare.TIMED_OPTIONS[name]
+    changes = recipe_compare.timed_changes([name], family, "tiny")
+    recipe = recipe_compare.recipe_arguments("tiny", family=family)
+    flipped = recipe_compare.recipe_arguments("tiny", changes, family=family)
+    for field, value in option.options.items():
+        assert getattr(flipped[3], field) == value != getattr(recipe[3], field)
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    configs = [build_model(args[0], args[2], tokenizer)[0].config for args in (recipe, flipped)]
+    fields = option.config | (option.bert_config if family == "bert" else {})
+    for field, value in fields.items():
+        assert getattr(configs[1], field) == value != getattr(configs[0], field)
+    # nothing else of the recipe's model changes
+    before, after = (config.to_dict() for config in configs)
+    assert {f: v for f, v in after.items() if f not in fields} == {
+        f: v for f, v in before.items() if f not in fields
+    }
