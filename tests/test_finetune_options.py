@@ -533,8 +533,8 @@ def test_compile_compiles_the_model_in_the_mode_given(
 
 
 @proves(
-    "finetune", "--eval-every", "--save-every", "--keep-checkpoints", "--log-every",
-    "--skip-nonfinite", "--report-to", "--resume", "--resume-anyway",
+    "finetune", "--eval-every", "--eval-every-minutes", "--save-every", "--keep-checkpoints",
+    "--log-every", "--skip-nonfinite", "--report-to", "--resume", "--resume-anyway",
     "--metric-for-best-model", "--greater-is-better", "--max-grad-norm", "--replay-clock",
 )  # fmt: skip
 def test_the_trainer_gets_the_intervals_and_rules_given(tiny_egbert_bert_dir, micro_data, tmp_path):
@@ -545,8 +545,8 @@ def test_the_trainer_gets_the_intervals_and_rules_given(tiny_egbert_bert_dir, mi
     done.mkdir()
     (done / "clock.json").write_text('{"elapsed_seconds": [0.5, 1.25]}', encoding="utf-8")
     given = {
-        "eval_every": 2, "save_every": 3, "keep_checkpoints": 4, "log_every": 1,
-        "skip_nonfinite": 2, "resume": True, "resume_anyway": True,
+        "eval_every": 2, "eval_every_minutes": 0.5, "save_every": 3, "keep_checkpoints": 4,
+        "log_every": 1, "skip_nonfinite": 2, "resume": True, "resume_anyway": True,
         "metric_for_best_model": "loss", "greater_is_better": False, "max_grad_norm": 0.25,
         "replay_clock": str(done),
     }  # fmt: skip

@@ -111,6 +111,33 @@ def agrees_each_step(skip_nonfinite: int, timed: bool, num_processes: int) -> bo
     return skip_nonfinite > 0 or (timed and num_processes > 1)
 
 
+class EvaluationMarks:
+    """When evaluation is due: every --eval-every steps, and each time another
+    --eval-every-minutes of training time have passed, counted from the training time a run
+    starts or resumes at. `due` says so once per mark (a step past several evaluates once). The
+    processes agree before evaluating, so that neither sees weights a non-finite loss reached."""
+
+    def __init__(self, args: Any, elapsed_seconds: float) -> None:
+        self.eval_every, self.every_seconds = args.eval_every, args.eval_every_minutes * 60
+        self.done = self.passed(elapsed_seconds)
+
+    def passed(self, elapsed_seconds: float) -> int:
+        return int(elapsed_seconds // self.every_seconds) if self.every_seconds else 0
+
+    def due(self, step: int, elapsed_seconds: float) -> bool:
+        at_step = bool(self.eval_every) and step % self.eval_every == 0
+        passed = self.passed(elapsed_seconds)
+        at_mark, self.done = passed > self.done, max(passed, self.done)
+        return at_step or at_mark
+
+
+def eval_record(state: Any, epoch: float, metrics: dict[str, float]) -> dict[str, Any]:
+    """An evaluation's record: where in the run (the TrainerState `state`) it came, with the
+    training time, and its metrics."""
+    elapsed = round(state.elapsed_seconds, 3)
+    return {"step": state.step, "epoch": epoch, "elapsed_s": elapsed, **metrics}
+
+
 class TrainingClock:
     """The training time: wall time less what `paused()` spans (logging, evaluation, saving).
     With --compile the first step's time (compiling, then running, once the device is done)

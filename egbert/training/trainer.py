@@ -98,6 +98,7 @@ from egbert.training.runtime import (
     stop_on_signals,
 )
 from egbert.training.step_numbers import (
+    EvaluationMarks,
     Place,
     ReplayedClock,
     StepLedger,
@@ -105,6 +106,7 @@ from egbert.training.step_numbers import (
     TrainingClock,
     agrees_each_step,
     default_flops_per_token,
+    eval_record,
     loss_parts,
     nonfinite_error,
     precision_record,
@@ -229,17 +231,6 @@ def epochs_left(length: RunLength, epoch: int) -> bool:
 def options_for(kind: type[Options], args: TrainingArguments) -> Options:
     """The options a helper reads, as the dataclass `kind`: the fields of `args` it names."""
     return kind(**{field.name: getattr(args, field.name) for field in fields(kind)})
-
-
-def evaluates_or_saves(step: int, eval_every: int, save_every: int) -> bool:
-    """Step `step` evaluates or checkpoints: the processes agree first, so that neither sees
-    weights a non-finite loss has reached."""
-    return any(every and step % every == 0 for every in (eval_every, save_every))
-
-
-def minute_marks_passed(elapsed_seconds: float, every_minutes: float) -> int:
-    """How many marks of --eval-every-minutes the training time has passed (0 when off)."""
-    return int(elapsed_seconds // (every_minutes * 60)) if every_minutes else 0
 
 
 def progress_bar(accelerator: Any, total: int | None, initial: int) -> tqdm:
@@ -472,9 +463,7 @@ class Trainer:
         self.ledger = StepLedger(self.accelerator, self.state.elapsed_seconds, flops)
         compiling, replay_clock = self.args.compile, self.args.replay_clock
         self.clock = training_clock(compiling, replay_clock, self.replayed_clock, self.state)
-        self._marks_evaluated = minute_marks_passed(
-            self.state.elapsed_seconds, self.args.eval_every_minutes
-        )
+        self.eval_marks = EvaluationMarks(self.args, self.state.elapsed_seconds)
         while not self._finished() and epochs_left(self.length, self.state.epoch):
             if not self._train_epoch(progress):
                 break
@@ -598,12 +587,9 @@ class Trainer:
         state, args = self.state, self.args
         logging = state.step % args.log_every == 0 or self._finished()
         signal_here = self._signal_received is not None and self.accelerator.num_processes == 1
-        marks = minute_marks_passed(state.elapsed_seconds, args.eval_every_minutes)
-        at_minute_mark = marks > self._marks_evaluated and bool(self.eval_sets)
-        evaluating_or_saving = at_minute_mark or evaluates_or_saves(
-            state.step, args.eval_every, args.save_every
-        )
-        if logging or evaluating_or_saving or signal_here:
+        evaluating = bool(self.eval_sets) and self.eval_marks.due(state.step, state.elapsed_seconds)
+        saving = bool(args.save_every) and state.step % args.save_every == 0
+        if logging or evaluating or saving or signal_here:
             self._agree_on_pending_steps()
         # The clock runs on from the backward pass, so the update just made (and the wait for the
         # device in agreeing) counts at the next step; logging (and the matmul peak measured for
@@ -611,11 +597,9 @@ class Trainer:
         with self.clock.paused():
             if self.ledger.window.steps and (logging or self._finished()):
                 self._log_training(progress)
-            at_step_mark = args.eval_every and state.step % args.eval_every == 0
-            if (at_step_mark or at_minute_mark) and self.eval_sets:
+            if evaluating:
                 self._evaluate_and_track()
-                self._marks_evaluated = marks
-            if args.save_every and state.step % args.save_every == 0 and not self._finished():
+            if saving and not self._finished():
                 self.save_checkpoint()
 
     def _log_training(self, progress: tqdm) -> None:
@@ -641,9 +625,7 @@ class Trainer:
         metrics = self.evaluate()
         self._last_eval, self._last_eval_step = metrics, self.state.step
         epoch = epochs_done(self.state.epoch, self.state.batches_in_epoch, self.train_loader)
-        elapsed = round(self.state.elapsed_seconds, 3)
-        record = {"step": self.state.step, "epoch": epoch, "elapsed_s": elapsed, **metrics}
-        self.log.record("eval", record)
+        self.log.record("eval", eval_record(self.state, epoch, metrics))
         summary = ", ".join(f"{name} {value:.4g}" for name, value in metrics.items())
         self.log.message(f"eval at step {self.state.step}: {summary}")
         self.best.track(metrics, self.state)
