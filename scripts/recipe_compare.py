@@ -577,24 +577,37 @@ def ablation_table(ablations: dict[str, dict[str, Any]], averages: dict[str, flo
 
 def plot_loss_curves(path: Path, run_dirs: dict[str, Path]) -> None:
     """Training loss against minutes of training, one line per pretraining run."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display on servers
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+    figure, axes = pyplot().subplots(figsize=(7, 4.5))
     for label, run_dir in run_dirs.items():
         curve = loss_curve(run_dir)
         if curve:
             minutes, losses = zip(*curve, strict=True)
             style = "-" if label in (STOCK, EGBERT) else "--"
             axes.plot(minutes, losses, style, label=f"{label} ({curve_loss(run_dir)[1]})")
+    label_axes(axes, "training loss")
+    save_figure(figure, path)
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only (no display on servers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def label_axes(axes: Any, loss: str) -> None:
     axes.set_xlabel("minutes of training")
-    axes.set_ylabel("training loss")
+    axes.set_ylabel(loss)
     axes.legend(fontsize="small")
+
+
+def save_figure(figure: Any, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-    plt.close(figure)
+    pyplot().close(figure)
 
 
 # ---------------------------------------------------------------- time to loss (--time-to-loss)
@@ -762,25 +775,17 @@ def time_to_loss_table(summaries: dict[str, dict[str, Any]], family: str, budget
 
 def plot_validation_curves(path: Path, summaries: dict[str, dict[str, Any]]) -> None:
     """Validation loss against minutes of training, one panel per family, one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display on servers
-    import matplotlib.pyplot as plt
-
     families = list(dict.fromkeys(s["family"] for s in summaries.values()))
-    figure, panels = plt.subplots(1, len(families), figsize=(6 * len(families), 4.5), squeeze=False)
+    size = (6 * len(families), 4.5)
+    figure, panels = pyplot().subplots(1, len(families), figsize=size, squeeze=False)
     for axes, family in zip(panels[0], families, strict=True):
         for label, s in summaries.items():
             if s["family"] == family and s["curve"]:
                 minutes, losses = zip(*s["curve"], strict=True)
                 axes.plot(minutes, losses, "--" if s["changes"] else "-", label=label)
         axes.set_title(f"{family} ({LOSS_NAMES.get(family, 'MLM')} loss)")
-        axes.set_xlabel("minutes of training")
-        axes.set_ylabel("validation loss")
-        axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+        label_axes(axes, "validation loss")
+    save_figure(figure, path)
 
 
 def run_time_to_loss(args: argparse.Namespace) -> dict[str, Any]:
@@ -797,7 +802,10 @@ def run_time_to_loss(args: argparse.Namespace) -> dict[str, Any]:
             "preset": args.preset,
             "budget_minutes": args.budget_minutes,
             "vocab_size": args.vocab_size,
-            "time_to_loss": {"recipes": recipes, "validation": validation_options(Path("DATA"))},
+            "time_to_loss": {
+                "recipes": recipes,
+                "validation": {"samples": VALIDATION_SAMPLES, "every_minutes": EVAL_EVERY_MINUTES},
+            },
         },
     )
     print(f"[1/3] tokenizer -> {output_dir / 'tokenizer'}", flush=True)
