@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "embed": "extract sentence or token embeddings from a model",
     "probe": "score a frozen model's features with a linear probe",
     "prompt-eval": "score a gpt model by k-shot prompting",
+    "reward": "train a scoring model on preference pairs (TRL)",
     "compare": "compare two runs' dev scores, with 95% intervals",
     "generate": "generate text with a gpt model",
     "convert": "convert stock transformers BERT/GPT-2 <-> egbert",

@@ -316,7 +316,7 @@ def load_hub_documents(
 ) -> Dataset | IterableDataset:
     """A Hub data set, a local data set folder or a `save_to_disk` folder as documents, one per
     non-empty row of its text column (`text_column`, or found: see the module doc)."""
-    if _is_saved_dataset(Path(name)):
+    if is_saved_dataset(Path(name)):
         return _saved_documents(Path(name), text_column, split, streaming)
     try:
         with quiet_table_readers():
@@ -342,7 +342,7 @@ def load_hub_documents(
     return _text_documents(loaded, name, text_column)
 
 
-def _is_saved_dataset(path: Path) -> bool:
+def is_saved_dataset(path: Path) -> bool:
     # What save_to_disk writes: a Dataset's state.json, or a DatasetDict's dataset_dict.json.
     return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
 

@@ -25,6 +25,7 @@ SIMPLE_COMMANDS = (
     "embed",
     "probe",
     "prompt-eval",
+    "reward",
     "compare",
     "generate",
     "convert",

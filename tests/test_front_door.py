@@ -207,6 +207,8 @@ def test_print_config_round_trips_through_config(tmp_path, capsys):
     assert _round_trip(convert, tmp_path, capsys)["to_transformers"] is True
     push = ["push", "--folder", "m", "--repo-id", "me/m", "--dry-run"]
     assert _round_trip(push, tmp_path, capsys)["dry_run"] is True
+    reward = ["reward", "--model", "m", "--pairs", "p.jsonl", "--output-dir", "o", "--lr", "1e-4"]
+    assert _round_trip(reward, tmp_path, capsys)["lr"] == 1e-4
 
 
 def test_print_config_names_where_each_value_came_from(tmp_path, capsys):

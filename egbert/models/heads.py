@@ -258,10 +258,12 @@ class EgbertSequenceClassifier(PreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         label_smoothing: float | None = None,
+        use_cache: bool | None = None,
     ) -> SequenceClassifierOutput | tuple:
         """Right padding only. `labels`: class ids, floats for regression (num_labels == 1), or
         multi-hot floats for multi-label problems. label_smoothing: of a classification loss
-        (None: config.label_smoothing)."""
+        (None: config.label_smoothing). `use_cache` is accepted as transformers' classifiers
+        accept it (TRL's RewardTrainer passes False); a classifier keeps no cache."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if output_hidden_states is None:
