@@ -374,3 +374,38 @@ def test_a_gpt_and_a_stock_gpt2_start_a_scorer_too(
     assert len(scores) == accuracy["pairs"] == len(dev_pairs)
     if start == "gpt_start":
         assert accuracy["accuracy"] >= 0.9
+
+
+def test_an_unreadable_source_is_one_line_naming_it(tmp_path: Path) -> None:
+    """Each kind of bad source: the error names it (and the line of a broken JSON line)."""
+    text = tmp_path / "pairs.txt"
+    text.write_text("chosen\trejected\n")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"chosen": "a", "rejected": "b"}\n{"chosen": \n')
+    half = write_jsonl(tmp_path / "half.jsonl", [{"chosen": "a"}])
+    splits = datasets.DatasetDict({"test": datasets.Dataset.from_list(toy_pairs(2, seed=0))})
+    splits.save_to_disk(tmp_path / "splits")
+    cases = {
+        text: f"{text}: unknown extension '.txt'; pass .jsonl, .json, .csv or .parquet pairs",
+        tmp_path / "missing": f"{tmp_path / 'missing'}: no such file, data set folder or Hub",
+        broken: f"{broken}:2: not a JSON object",
+        half: f"{half}: no 'rejected' column (it has chosen)",
+        tmp_path / "splits": f"{tmp_path / 'splits'}: no split 'train'; it has test",
+    }
+    for source, message in cases.items():
+        with pytest.raises(DataError) as raised:
+            load_pairs(str(source))
+        assert str(raised.value).startswith(message) and "\n" not in str(raised.value), source
+    assert len(load_pairs(str(tmp_path / "splits"), split="test")) == 2
+
+
+def test_a_split_of_one_label_makes_no_pairs(sst2_slice: Path, tmp_path: Path) -> None:
+    (tmp_path / "SST-2").mkdir()
+    rows = (sst2_slice / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+    negative = [rows[0], *(row for row in rows[1:] if row.endswith("\t0"))]
+    (tmp_path / "SST-2" / "train.tsv").write_text("\n".join(negative) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match="sst2 train: no pairs, its sentences are all of one side"):
+        pairs_from_task("sst2", "train", str(tmp_path), None, seed=0)
+    one = [rows[0], negative[1], next(row for row in rows[1:] if row.endswith("\t1"))]
+    (tmp_path / "SST-2" / "train.tsv").write_text("\n".join(one) + "\n", encoding="utf-8")
+    assert len(pairs_from_task("sst2", "train", str(tmp_path), None, seed=0)) == 1
