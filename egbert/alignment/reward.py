@@ -320,15 +320,22 @@ def training_pairs(args: RewardArguments) -> tuple[Dataset, Dataset]:
     return train, held_out
 
 
+def joined(prompts: list[str] | None, answers: list[str]) -> list[str]:
+    """Each answer after its prompt, as one text (TRL joins them so); no prompts: the answers."""
+    return [
+        prompt + answer
+        for prompt, answer in zip(prompts or [""] * len(answers), answers, strict=True)
+    ]
+
+
 def tokenized_pairs(pairs: Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int) -> Dataset:
     """chosen_ids and rejected_ids, the columns TRL trains on: each answer after its prompt
     as one text, with the tokenizer's special tokens ([CLS] ... [SEP] for bert)."""
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        prompts = batch.get(PROMPT_COLUMN) or [""] * len(batch["chosen"])
         return {
             f"{side}_ids": tokenizer(
-                [p + text for p, text in zip(prompts, batch[side], strict=True)],
+                joined(batch.get(PROMPT_COLUMN), batch[side]),
                 truncation=True,
                 max_length=max_length,
             )["input_ids"]
@@ -423,18 +430,17 @@ def pair_accuracy(
 ) -> dict[str, Any]:
     """The share of pairs whose chosen text the model scores higher, with the 95% percentile
     interval of SAMPLES bootstrap draws of the pairs."""
-    prompts = pairs[PROMPT_COLUMN] if PROMPT_COLUMN in pairs.column_names else [""] * len(pairs)
+    prompts = list(pairs[PROMPT_COLUMN]) if PROMPT_COLUMN in pairs.column_names else None
     sides = {
-        side: pair_rewards(
-            model, tokenizer, [p + t for p, t in zip(prompts, pairs[side], strict=True)], max_length
-        )
+        side: pair_rewards(model, tokenizer, joined(prompts, list(pairs[side])), max_length)
         for side in ("chosen", "rejected")
     }
     correct = (sides["chosen"] > sides["rejected"]).astype(np.float64)
+    accuracy = float(correct.mean())
     draws = np.random.default_rng(seed).integers(0, len(correct), size=(SAMPLES, len(correct)))
-    bounds = interval(float(correct.mean()), correct[draws].mean(axis=1))
+    bounds = interval(accuracy, correct[draws].mean(axis=1))
     return {
-        "accuracy": round(float(correct.mean()), 4),
+        "accuracy": round(accuracy, 4),
         "low": round(bounds.low / 100, 4),
         "high": round(bounds.high / 100, 4),
         "pairs": len(correct),
