@@ -41,6 +41,7 @@ _EXPORTS = {
     "egbert.finetune.run": ["run_finetuning", "FinetuneOutput", "write_predictions"],
     "egbert.quickstart.run": ["run_quickstart"],
     "egbert.alignment.reward": ["run_reward_training", "RewardArguments", "RewardOutput"],
+    "egbert.alignment.rlhf": ["run_rlhf", "RLHFArguments", "RLHFOutput"],
     "egbert.quickstart.options": ["QuickstartArguments"],
     "egbert.quickstart.steps": ["save_untrained", "finetune_options"],
     "egbert.evaluation": ["run_probe", "run_prompt_eval"],

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "probe": "score a frozen model's features with a linear probe",
     "prompt-eval": "score a gpt model by k-shot prompting",
     "reward": "train a scoring model on preference pairs (TRL)",
+    "rlhf": "tune a gpt model against a scoring model with RL (TRL)",
     "compare": "compare two runs' dev scores, with 95% intervals",
     "generate": "generate text with a gpt model",
     "convert": "convert stock transformers BERT/GPT-2 <-> egbert",

@@ -213,6 +213,18 @@ def micro_data(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 @pytest.fixture(scope="session")
+def sst2_slice(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SST-2 in the GLUE layout, 60 training and 30 dev sentences."""
+    root = tmp_path_factory.mktemp("glue")
+    (root / "SST-2").mkdir()
+    for name, rows in (("train.tsv", 60), ("dev.tsv", 30)):
+        with (data_dir / "glue" / "SST-2" / name).open(encoding="utf-8") as handle:
+            lines = [next(handle) for _ in range(rows + 1)]
+        (root / "SST-2" / name).write_text("".join(lines), encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="session")
 def tiny_egbert_bert_dir(
     tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:

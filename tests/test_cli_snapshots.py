@@ -26,6 +26,7 @@ SIMPLE_COMMANDS = (
     "probe",
     "prompt-eval",
     "reward",
+    "rlhf",
     "compare",
     "generate",
     "convert",

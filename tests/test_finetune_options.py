@@ -245,8 +245,12 @@ def test_the_head_options_make_the_head_and_the_backbone_they_name(
     argv = rte(tiny_egbert_bert_dir, micro_data, tmp_path / "out", *head)
     built = build(*argv, "--config-overrides", "hidden_dropout_prob=0.25")
     model = built.trainer.model.eval()
-    dropouts = {m.p for m in model.base_model.modules() if isinstance(m, torch.nn.Dropout)}
-    assert dropouts == {0.25}
+    dropouts = {
+        (name.endswith("attention_dropout"), m.p)
+        for name, m in model.base_model.named_modules()
+        if isinstance(m, torch.nn.Dropout)
+    }
+    assert dropouts == {(False, 0.25), (True, 0.1)}  # attention's: attention_probs_dropout_prob
     batch = first_examples(built.trainer, 4)
     mask = batch["attention_mask"].unsqueeze(-1).float()
     with torch.no_grad():

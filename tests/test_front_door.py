@@ -209,6 +209,8 @@ def test_print_config_round_trips_through_config(tmp_path, capsys):
     assert _round_trip(push, tmp_path, capsys)["dry_run"] is True
     reward = ["reward", "--model", "m", "--pairs", "p.jsonl", "--output-dir", "o", "--lr", "1e-4"]
     assert _round_trip(reward, tmp_path, capsys)["lr"] == 1e-4
+    rlhf = ["rlhf", "--model", "m", "--reward-model", "s", "--output-dir", "o", "--kl-coef", "0.2"]
+    assert _round_trip(rlhf, tmp_path, capsys)["kl_coef"] == 0.2
 
 
 def test_print_config_names_where_each_value_came_from(tmp_path, capsys):

@@ -71,18 +71,6 @@ def pair_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     )
 
 
-@pytest.fixture(scope="module")
-def sst2_slice(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SST-2 in the GLUE layout, 60 training and 30 dev sentences."""
-    root = tmp_path_factory.mktemp("glue")
-    (root / "SST-2").mkdir()
-    for name, rows in (("train.tsv", 60), ("dev.tsv", 30)):
-        with (data_dir / "glue" / "SST-2" / name).open(encoding="utf-8") as handle:
-            lines = [next(handle) for _ in range(rows + 1)]
-        (root / "SST-2" / name).write_text("".join(lines), encoding="utf-8")
-    return root
-
-
 def sentences_by_label(path: Path) -> dict[str, set[str]]:
     """The TSV's sentences under each label, read with the csv module."""
     found: dict[str, set[str]] = {}

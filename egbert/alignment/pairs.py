@@ -30,10 +30,17 @@ def load_pairs(source: str, split: str = "train") -> Dataset:
     """The pairs of a file, a data set folder or a Hub data set (its `split`), with their
     prompt, chosen and rejected columns only; a one-line DataError naming the source when it
     cannot be read or lacks a column."""
+    return checked_pairs(read_table(source, split, "pairs"), source)
+
+
+def read_table(source: str, split: str, what: str) -> Dataset:
+    """The rows of a table file (.jsonl, .json, .csv, .parquet), a save_to_disk folder or a Hub
+    data set (its `split`), `what` they hold named in the one-line DataError of one that cannot
+    be read."""
     path = Path(source)
     try:
         with quiet_table_readers():
-            loaded = _loaded(path, source, split)
+            return _loaded(path, source, split, what)
     except ConnectionError:
         raise DataError(
             f"could not reach the hub for data set {source!r} (offline?); pass a local file"
@@ -41,23 +48,22 @@ def load_pairs(source: str, split: str = "train") -> Dataset:
     except FileNotFoundError:
         raise DataError(
             f"{source}: no such file, data set folder or Hub data set; pass .jsonl, .json, .csv "
-            "or .parquet pairs, or a data set"
+            f"or .parquet {what}, or a data set"
         ) from None
     except (DatasetGenerationError, ValueError) as error:
         raise read_error(source, error) from None
-    return checked_pairs(loaded, source)
 
 
-def _loaded(path: Path, source: str, split: str) -> Dataset:
+def _loaded(path: Path, source: str, split: str, what: str) -> Dataset:
     if path.is_file():
         builder = TABLE_BUILDERS.get(path.suffix.lower())
         if builder is None:
             raise DataError(
                 f"{path}: unknown extension {path.suffix!r}; pass .jsonl, .json, .csv or "
-                ".parquet pairs, or a data set folder"
+                f".parquet {what}, or a data set folder"
             )
         if path.stat().st_size == 0:
-            raise DataError(f"{path}: the file is empty; pass a file with pairs in it")
+            raise DataError(f"{path}: the file is empty; pass a file with {what} in it")
         return datasets.load_dataset(builder, data_files=str(path), split="train")
     if is_saved_dataset(path):
         loaded = datasets.load_from_disk(str(path))

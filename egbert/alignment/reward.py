@@ -24,7 +24,6 @@ folders: after a kill, SIGTERM or Ctrl-C the same command with --resume goes on 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,13 +32,13 @@ import numpy as np
 import torch
 from datasets import Dataset
 from huggingface_hub import ModelCard
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, set_seed
-from transformers.trainer_utils import get_last_checkpoint
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, set_seed
 from trl import RewardConfig, RewardTrainer
 
 from egbert.alignment.pairs import PROMPT_COLUMN, load_pairs, pairs_from_task
+from egbert.alignment.runs import CHECKPOINTS, StopTraining, last_checkpoint, train_until_stopped
 from egbert.arguments import arguments_from_options
-from egbert.errors import CheckpointError, ConfigError, Interrupted
+from egbert.errors import ConfigError
 from egbert.finetune.options import FinetuneArguments
 from egbert.finetune.run import (
     load_classifier,
@@ -52,10 +51,9 @@ from egbert.finetune.tasks import custom_task
 from egbert.model_files import resolve_model_dir
 from egbert.outputs import check_output_folder
 from egbert.report import ModelCardInfo, model_card
-from egbert.training.runtime import bf16_pays_off, stop_on_signals, training_device
+from egbert.training.runtime import bf16_pays_off, training_device
 
 RESULTS_FILE = "reward_results.json"
-CHECKPOINTS = "checkpoints"
 # One output, read as a score: egbert's regression head, at unit scale and no shift.
 SCORE_TASK = custom_task(text_columns=("text",), label_column="label", labels=None, name="reward")
 
@@ -210,7 +208,7 @@ def reward_trainer(args: RewardArguments) -> RewardRun:
     """TRL's trainer over the model, the pairs and the options named (what
     `train_reward_model` trains; the tests read each option's effect off it)."""
     output_dir = check_output_folder(args.output_dir, "--output-dir")
-    checkpoint = last_checkpoint(output_dir, args.resume)
+    checkpoint = last_checkpoint(output_dir, args.resume, RESULTS_FILE)
     model_dir = resolve_model_dir(args.model)
     backbone = read_backbone_config(model_dir)
     tokenizer = load_task_tokenizer(model_dir, backbone)
@@ -234,16 +232,7 @@ def train_reward_model(args: RewardArguments) -> RewardOutput:
     """Train the scoring model, score the held-out pairs, save both (see the module doc)."""
     run = reward_trainer(args)
     trainer, output_dir = run.trainer, Path(args.output_dir)
-    start = time.perf_counter()
-    with stop_on_signals(run.stop.request):
-        trainer.train(resume_from_checkpoint=run.checkpoint)
-    if run.stop.signum is not None:
-        raise Interrupted(
-            f"stopped at step {trainer.state.global_step}; a checkpoint is in "
-            f"{output_dir / CHECKPOINTS}: the same command with --resume goes on from it",
-            run.stop.signum,
-        )
-    train_seconds = time.perf_counter() - start
+    train_seconds = train_until_stopped(trainer, run.checkpoint, run.stop, output_dir)
     final = output_dir / "model"
     trainer.model.save_pretrained(final)  # no training_args.bin: the options are in the results
     run.tokenizer.save_pretrained(final)
@@ -281,20 +270,6 @@ def reward_card(model: PreTrainedModel, results: dict[str, Any]) -> ModelCard:
     )
     metrics = {"pairwise_accuracy": accuracy["accuracy"]}
     return model_card(info, model, "model", metrics, training, results["options"])
-
-
-def last_checkpoint(output_dir: Path, resume: bool) -> str | None:
-    """The checkpoint --resume goes on from; refuses a fresh run over an earlier one's."""
-    checkpoints = output_dir / CHECKPOINTS
-    found = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
-    if resume and found is None:
-        raise CheckpointError(f"--resume: no checkpoint in {checkpoints}; drop --resume")
-    if not resume and (found is not None or (output_dir / RESULTS_FILE).exists()):
-        raise ConfigError(
-            f"--output-dir {output_dir} holds an earlier run; pass --resume to go on from its "
-            "checkpoint, or choose another --output-dir"
-        )
-    return found
 
 
 # ---------------------------------------------------------------- pairs
@@ -374,28 +349,6 @@ def reward_config(args: RewardArguments, checkpoints: Path) -> RewardConfig:
         dataloader_num_workers=0,
         use_cpu=device == "cpu",
     )
-
-
-class StopTraining(TrainerCallback):
-    """Ends training, with a checkpoint, at the first step past the budget or after a signal."""
-
-    def __init__(self, budget_minutes: float | None) -> None:
-        self.budget_seconds = None if budget_minutes is None else 60 * budget_minutes
-        self.signum: int | None = None
-        self.start = 0.0
-
-    def request(self, signum: int) -> None:
-        self.signum = signum
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        spent = time.perf_counter() - self.start
-        if self.signum is not None or (self.budget_seconds and spent >= self.budget_seconds):
-            control.should_training_stop = True
-            control.should_save = True  # the step reached, for --resume
-        return control
 
 
 # ---------------------------------------------------------------- held-out pairs

@@ -225,7 +225,9 @@ class SelfAttention(nn.Module):
         self.residual_scores = residual_scores
         self.num_heads = num_heads
         self.head_dim = hidden_size // num_heads
-        self.dropout = dropout
+        # held by an nn.Dropout for its p only (SDPA applies the dropout), so that code setting
+        # every nn.Dropout's p to 0, as TRL's disable_dropout does, reaches it too
+        self.attention_dropout = nn.Dropout(dropout)
         self.is_causal = is_causal
         self.layer_idx = layer_idx  # where this layer's keys and values live in a KV cache
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
@@ -257,7 +259,7 @@ class SelfAttention(nn.Module):
             query, key = rotate(query, *rotary), rotate(key, *rotary)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)  # (.., past+seq, ..)
-        dropout = self.dropout if self.training else 0.0
+        dropout = self.attention_dropout.p if self.training else 0.0
         # SDPA's is_causal aligns the mask top-left, which is only right without cached keys
         is_causal = self.is_causal and attention_mask is None and key.shape[2] == length
         scores = None
