@@ -84,6 +84,21 @@ def test_outputs_do_not_change_with_extra_right_padding() -> None:
     torch.testing.assert_close(padded.logits[:, :7], alone.logits, atol=1e-5, rtol=0)
 
 
+def test_inputs_embeds_stand_for_input_ids() -> None:
+    """The token vectors given as inputs_embeds (as PEFT and transformers' callers pass them)
+    give the logits of their ids; both or neither is refused."""
+    model = tiny_model().eval()
+    ids = random_ids()
+    with torch.no_grad():
+        by_ids = model(input_ids=ids).logits
+        vectors = model.get_input_embeddings()(ids)
+        torch.testing.assert_close(model(inputs_embeds=vectors).logits, by_ids)
+        assert not torch.allclose(model(inputs_embeds=vectors.flip(1)).logits, by_ids)
+    for given in ({"input_ids": ids, "inputs_embeds": vectors}, {}):
+        with pytest.raises(ValueError, match="give one of input_ids and inputs_embeds"):
+            model(**given)
+
+
 def test_attention_is_causal() -> None:
     model = tiny_model()
     ids = random_ids()

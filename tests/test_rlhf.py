@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from option_coverage import proves
+from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, pipeline
 
@@ -31,6 +32,7 @@ from egbert.alignment.rlhf import (
 from egbert.commands.rlhf import main
 from egbert.errors import ConfigError, DataError
 from egbert.generate import generate_text
+from egbert.lora import LoraArguments, lora_config
 from egbert.models.bert import EgbertBertConfig
 from egbert.models.gpt import EgbertGPTConfig, EgbertGPTForCausalLM
 from egbert.models.heads import EgbertBertForSequenceClassification
@@ -417,3 +419,60 @@ def test_sigterm_leaves_a_checkpoint_and_resume_goes_on_from_it(
     budget = tmp_path / "budget"
     main([*argv, "--output-dir", str(budget), "--budget-minutes", "1e-6"])
     assert json.loads((budget / "rlhf_results.json").read_text())["steps"] == 1
+
+
+@proves("rlhf", "--lora", "--lora-rank", "--lora-alpha", "--lora-dropout", "--lora-target-modules")
+def test_lora_trains_adapters_against_the_base_with_them_disabled(
+    policy_dir: Path, scorer_dir: Path, prompt_file: Path, tmp_path: Path
+) -> None:
+    """With --lora only the adapters train (rank 4 on qkv and up: 2 x 4 x (32 + 96) + ...), no
+    second model is kept for the KL (TRL disables the adapters instead) and its first step's KL
+    is 0; adapter/ loads with PeftModel.from_pretrained onto the start its config names, and
+    gives the logits of model/, the adapters merged in."""
+    out = tmp_path / "lora"
+    main(["--model", str(policy_dir), "--reward-model", str(scorer_dir), "--prompts",
+          str(prompt_file), "--output-dir", str(out), "--max-steps", "3", *FAST, "--lora",
+          "--lora-rank", "4", "--lora-alpha", "8", "--lora-dropout", "0.1",
+          "--lora-target-modules", "qkv", "up"])  # fmt: skip
+    results = json.loads((out / "rlhf_results.json").read_text())
+    # per layer: qkv 4 x (32 + 96), up 4 x (32 + 64); two layers
+    assert results["trainable_parameters"] == 2 * (4 * (32 + 96) + 4 * (32 + 64))
+    adapter_config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == str(policy_dir)
+    assert (adapter_config["r"], adapter_config["lora_alpha"]) == (4, 8)
+    assert adapter_config["lora_dropout"] == 0.1
+    assert sorted(adapter_config["target_modules"]) == ["qkv", "up"]
+    base = AutoModelForCausalLM.from_pretrained(policy_dir)
+    adapted = PeftModel.from_pretrained(base, out / "adapter").eval()
+    merged = AutoModelForCausalLM.from_pretrained(out / "model").eval()
+    ids = torch.randint(5, 1000, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        adapter_logits = adapted(input_ids=ids).logits
+        torch.testing.assert_close(merged(input_ids=ids).logits, adapter_logits, atol=1e-5, rtol=0)
+        with adapted.disable_adapter():
+            start_logits = adapted(input_ids=ids).logits
+    assert not torch.allclose(start_logits, adapter_logits, atol=1e-4)  # the adapters learned
+    args = arguments(policy_dir, scorer_dir, prompt_file, tmp_path / "run", max_steps=2, lr=1e-2)
+    run = rlhf_trainer(args, LoraArguments(lora=True), reward=even_share)
+    run.trainer.train()
+    assert run.trainer.ref_model is None and isinstance(run.trainer.model, PeftModel)
+    kls = [entry["kl"] for entry in run.trainer.state.log_history if "kl" in entry]
+    assert kls[0] == 0.0
+
+
+def test_lora_refuses_elmo_and_a_model_it_has_no_layers_for() -> None:
+    class Config:
+        model_type = "egbert-elmo"
+
+    with pytest.raises(ConfigError, match="nn.LSTM, which PEFT does not adapt"):
+        lora_config(LoraArguments(lora=True), Config(), "SEQ_CLS")
+    Config.model_type = "llama"
+    with pytest.raises(ConfigError, match="name them with --lora-target-modules"):
+        lora_config(LoraArguments(lora=True), Config(), "CAUSAL_LM")
+    named = lora_config(
+        LoraArguments(lora=True, lora_target_modules=["q_proj"]), Config(), "CAUSAL_LM"
+    )
+    assert named.target_modules == {"q_proj"}
+    assert lora_config(LoraArguments(), Config(), "CAUSAL_LM") is None
+    with pytest.raises(ConfigError, match="--lora-rank must be >= 1"):
+        LoraArguments(lora=True, lora_rank=0)

@@ -17,7 +17,9 @@ budget and signal handling, then the held-out prompts completed by the starting 
 policy with the same sampling seeds (policy_report.py).
 
 OUTPUT_DIR gets model/ (the tuned policy and its tokenizer: `egbert generate`,
-AutoModelForCausalLM and pipeline("text-generation") load it as they load the start),
+AutoModelForCausalLM and pipeline("text-generation") load it as they load the start; with
+--lora the adapters merged in, and adapter/ the adapters alone, which PeftModel.from_pretrained
+loads onto the start named in its adapter_config.json),
 rlhf_results.json (the held-out reward before and after with the interval of its change, the
 KL to the start per token, the perplexity of --validation-text, completions side by side),
 reward_kl.png (the reward and the KL against the steps) and checkpoints/ (TRL's checkpoint-N
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 from accelerate import PartialState
 from datasets import Dataset
+from peft import PeftModel
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -49,6 +52,7 @@ from egbert.alignment.runs import CHECKPOINTS, StopTraining, last_checkpoint, tr
 from egbert.arguments import arguments_from_options
 from egbert.errors import ConfigError
 from egbert.families import CAUSAL_MODEL_TYPES
+from egbert.lora import LoraArguments, lora_config
 from egbert.model_files import load_pretrained, read_model_config, resolve_model_dir
 from egbert.outputs import check_output_folder
 from egbert.tokenizer import load_tokenizer
@@ -56,6 +60,7 @@ from egbert.training.runtime import bf16_pays_off, training_device
 
 RESULTS_FILE = "rlhf_results.json"
 PLOT_FILE = "reward_kl.png"
+ADAPTER_DIR = "adapter"
 ALGORITHMS = {"rloo": (RLOOTrainer, RLOOConfig), "grpo": (GRPOTrainer, GRPOConfig)}
 SCORES = ("probability", "logit")
 
@@ -238,8 +243,8 @@ class RLHFOutput:
 def run_rlhf(**options: Any) -> RLHFOutput:
     """`egbert rlhf` from Python: the keyword arguments are the command's options (RLHFArguments
     fields, e.g. model="runs/gpt", reward_model="runs/reward", prompts="p.txt", output_dir=...)."""
-    (args,) = arguments_from_options((RLHFArguments,), options)
-    return train_policy(args)
+    args, lora = arguments_from_options((RLHFArguments, LoraArguments), options)
+    return train_policy(args, lora)
 
 
 # ---------------------------------------------------------------- the scoring model
@@ -416,10 +421,16 @@ class RLHFRun:
     stop: StopTraining
 
 
-def rlhf_trainer(args: RLHFArguments, reward: Callable[..., list[float]] | None = None) -> RLHFRun:
+def rlhf_trainer(
+    args: RLHFArguments,
+    lora: LoraArguments | None = None,
+    reward: Callable[..., list[float]] | None = None,
+) -> RLHFRun:
     """TRL's trainer over the policy, the scorer and the prompts (what `train_policy` trains;
     the tests read each option's effect off it). Every input is checked before any training.
-    `reward`: a TRL reward function to use in place of --reward-model's scorer."""
+    `lora`: --lora's options (with --lora, TRL trains PEFT adapters and its reference model is
+    the policy with its adapters disabled); `reward`: a TRL reward function to use in place of
+    --reward-model's scorer."""
     output_dir = check_output_folder(args.output_dir, "--output-dir")
     checkpoint = last_checkpoint(output_dir, args.resume, RESULTS_FILE)
     policy, tokenizer = load_policy(args.model)
@@ -436,6 +447,7 @@ def rlhf_trainer(args: RLHFArguments, reward: Callable[..., list[float]] | None 
         train_dataset=train,
         processing_class=tokenizer,
         callbacks=[stop],
+        peft_config=lora_config(lora, policy.config, "CAUSAL_LM") if lora else None,
     )
     return RLHFRun(trainer, tokenizer, scorer, held_out, checkpoint, stop)
 
@@ -473,15 +485,22 @@ def rlhf_config(args: RLHFArguments, checkpoints: Path) -> RLOOConfig | GRPOConf
 
 
 def train_policy(
-    args: RLHFArguments, reward: Callable[..., list[float]] | None = None
+    args: RLHFArguments,
+    lora: LoraArguments | None = None,
+    reward: Callable[..., list[float]] | None = None,
 ) -> RLHFOutput:
     """Tune the policy, compare it with its start on the held-out prompts, save both reports
-    and the model (see the module doc); `reward` as rlhf_trainer's."""
-    run = rlhf_trainer(args, reward)
+    and the model (see the module doc); `lora` and `reward` as rlhf_trainer's."""
+    run = rlhf_trainer(args, lora, reward)
     trainer, output_dir = run.trainer, Path(args.output_dir)
     train_seconds = train_until_stopped(trainer, run.checkpoint, run.stop, output_dir)
     final = output_dir / "model"
     policy = trainer.model
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    if isinstance(policy, PeftModel):  # the adapter (its base's path in it), then merged in
+        policy.save_pretrained(output_dir / ADAPTER_DIR)
+        run.tokenizer.save_pretrained(output_dir / ADAPTER_DIR)
+        policy = policy.merge_and_unload()
     policy.save_pretrained(final)
     run.tokenizer.save_pretrained(final)
     starting, _ = load_policy(args.model)
@@ -498,6 +517,7 @@ def train_policy(
         "reward_model": str(args.reward_model),
         "algorithm": args.algorithm,
         "train_prompts": len(trainer.train_dataset),
+        "trainable_parameters": trainable,
         "steps": trainer.state.global_step,
         "train_seconds": round(train_seconds, 1),
         **compare_policies(starting, policy, run.tokenizer, run.scorer, report),

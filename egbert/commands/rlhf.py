@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from egbert.alignment.rlhf import RLHFArguments, report_lines, train_policy
 from egbert.arguments import parse_args
+from egbert.lora import LoraArguments
 
 DESCRIPTION = (
     "Tune a gpt model (an egbert gpt folder or a stock GPT-2) with reinforcement learning "
@@ -27,8 +28,10 @@ EPILOG = (
 
 
 def main(argv: list[str] | None = None) -> None:
-    (args,) = parse_args((RLHFArguments,), argv, "egbert rlhf", DESCRIPTION, epilog=EPILOG)
-    output = train_policy(args)
+    args, lora = parse_args(
+        (RLHFArguments, LoraArguments), argv, "egbert rlhf", DESCRIPTION, epilog=EPILOG
+    )
+    output = train_policy(args, lora)
     for line in report_lines(output.results):
         print(f"egbert rlhf: {line}")
     print(f"egbert rlhf: the tuned model: {output.model_dir}")

@@ -130,7 +130,7 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cache: Cache | None = None,
@@ -139,9 +139,14 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPast | tuple:
         """token_type_ids is accepted and ignored (GPT has no segments), so that the output of any
-        egbert tokenizer can be passed in as **inputs."""
+        egbert tokenizer can be passed in as **inputs. inputs_embeds (batch, seq, hidden): the
+        token vectors in place of input_ids (give one of the two), as transformers' models take
+        them (PEFT passes it, None)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give one of input_ids and inputs_embeds")
         output_hidden_states = _default(output_hidden_states, self.config.output_hidden_states)
         output_attentions = _default(output_attentions, self.config.output_attentions)
         # a cache is only worth building when decoding, not for a training step
@@ -149,14 +154,15 @@ class EgbertGPTModel(EgbertGPTPreTrainedModel):
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         past_length = cache.get_seq_length() if cache is not None else 0
-        length = input_ids.shape[1]
+        tokens = input_ids if input_ids is not None else inputs_embeds
+        length, device = tokens.shape[1], tokens.device
         check_sequence_length(past_length + length, self.config.max_position_embeddings)
         if position_ids is None:
-            position_ids = torch.arange(past_length, past_length + length, device=input_ids.device)
+            position_ids = torch.arange(past_length, past_length + length, device=device)
             position_ids = position_ids[None, :]
-        hidden = self.embeddings(input_ids, position_ids)  # (batch, seq, hidden)
+        hidden = self.embeddings(input_ids, position_ids, inputs_embeds=inputs_embeds)
         mask = self_attention_mask(
-            attention_mask, length, past_length, is_causal=True, device=input_ids.device
+            attention_mask, length, past_length, is_causal=True, device=device
         )
         rotary = self.rotary(position_ids) if self.rotary is not None else None
         all_hidden, all_attentions = (hidden,), ()
@@ -245,7 +251,7 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cache: Cache | None = None,
@@ -257,6 +263,7 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
         label_smoothing: float | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> CausalLMOutputWithPast | tuple:
         """labels may simply be input_ids: they are shifted here; -100 marks positions to ignore.
         logits_to_keep > 0 computes logits for the last that many positions only (generate uses 1).
@@ -275,6 +282,7 @@ class EgbertGPTForCausalLM(EgbertGPTPreTrainedModel, GenerationMixin):
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
             return_dict=True,
+            inputs_embeds=inputs_embeds,
         )
         hidden = decoded.last_hidden_state
         logits = loss = None

@@ -134,8 +134,10 @@ class Embeddings(nn.Module):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        embeddings = self.word_embeddings(input_ids)  # (batch, seq, hidden)
+        """inputs_embeds: the token vectors themselves, in place of input_ids' rows."""
+        embeddings = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         if self.position_embedding_type == "learned":
             embeddings = embeddings + self.position_embeddings(position_ids)
         elif self.position_embedding_type == "sinusoidal":

@@ -1,0 +1,92 @@
+"""LoRA (Hu et al. 2021) through PEFT, for the jobs that train a model's weights: each target
+linear layer W keeps its weights frozen and learns W + (alpha / rank) * B A, with A (rank x in)
+and B (out x rank, zero at the start, so the adapted model starts as the base).
+
+PEFT adapts a model it does not know by its modules' names: egbert's bert and gpt name their
+attention's fused projection `qkv` and its output `out`, the feed-forward's `up` and `down`
+(layers.py), stock GPT-2 `c_attn`, `c_proj` and `c_fc`. elmo's LSTM is refused: PEFT adapts
+linear, embedding and convolution layers, not nn.LSTM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from peft import LoraConfig
+
+from egbert.errors import ConfigError
+
+# The linear layers --lora adapts by default, by model type.
+TARGET_MODULES = {
+    "egbert-bert": ("qkv", "out", "up", "down"),
+    "egbert-gpt": ("qkv", "out", "up", "down"),
+    "gpt2": ("c_attn", "c_proj", "c_fc"),
+}
+UNADAPTABLE = {"egbert-elmo": "its LSTM layers are nn.LSTM, which PEFT does not adapt"}
+
+
+@dataclass
+class LoraArguments:
+    """--lora and its settings: train low-rank adapters instead of the model's weights."""
+
+    _argument_group_name = "LoRA (PEFT)"
+
+    lora: bool = field(
+        default=False,
+        metadata={
+            "help": "train LoRA adapters on the attention and feed-forward linears instead of "
+            "every weight (PEFT); the base weights stay frozen"
+        },
+    )
+    lora_rank: int = field(default=8, metadata={"help": "with --lora: the adapters' rank"})
+    lora_alpha: float = field(
+        default=16.0, metadata={"help": "with --lora: the update's scale is alpha / rank"}
+    )
+    lora_dropout: float = field(
+        default=0.0, metadata={"help": "with --lora: dropout on the adapters' input"}
+    )
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "with --lora: the names of the linear layers adapted (default: egbert's "
+            "qkv out up down; GPT-2's c_attn c_proj c_fc)"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.lora_rank < 1:
+            raise ConfigError(f"--lora-rank must be >= 1, got {self.lora_rank}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+
+
+def lora_config(
+    args: LoraArguments,
+    config: Any,
+    task_type: str,
+    modules_to_save: list[str] | None = None,
+) -> LoraConfig | None:
+    """PEFT's LoraConfig for a model of `config` (None without --lora); `modules_to_save`:
+    modules trained whole beside the adapters (a new classification head)."""
+    if not args.lora:
+        return None
+    model_type = getattr(config, "model_type", None)
+    if model_type in UNADAPTABLE:
+        raise ConfigError(
+            f"--lora: a {model_type} model cannot take LoRA: {UNADAPTABLE[model_type]}"
+        )
+    targets = args.lora_target_modules or TARGET_MODULES.get(model_type)
+    if not targets:
+        raise ConfigError(
+            f"--lora: no default layers to adapt for a {model_type!r} model; name them with "
+            "--lora-target-modules"
+        )
+    return LoraConfig(
+        r=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=list(targets),
+        modules_to_save=modules_to_save,
+        task_type=task_type,
+    )
