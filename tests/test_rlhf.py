@@ -191,7 +191,9 @@ def test_the_scorer_reads_each_text_with_its_own_special_tokens(
     assert ids[0] == scorer.tokenizer.cls_token_id and ids[-1] == scorer.tokenizer.sep_token_id
     with torch.no_grad():
         expected = scorer.model(**encoded).logits[0, 0].item()
-    assert scorer(["the city"], [" of the army"], completion) == [pytest.approx(expected, abs=1e-6)]
+    decoded = policy_tokenizer.batch_decode(completion, skip_special_tokens=True)  # as TRL does
+    assert decoded == ["of the army"]  # no space before it: joined end to end, "cityof"
+    assert scorer(["the city"], decoded, completion) == [pytest.approx(expected, abs=1e-6)]
     without = scorer.model(input_ids=encoded["input_ids"][:, 1:-1]).logits[0, 0].item()
     assert without != pytest.approx(expected, abs=1e-4)  # the specials change the score
 
