@@ -196,6 +196,9 @@ def test_the_scorer_reads_each_text_with_its_own_special_tokens(
     assert scorer(["the city"], decoded, completion) == [pytest.approx(expected, abs=1e-6)]
     without = scorer.model(input_ids=encoded["input_ids"][:, 1:-1]).logits[0, 0].item()
     assert without != pytest.approx(expected, abs=1e-4)  # the specials change the score
+    with pytest.raises(ConfigError, match="has one output, the reward; drop --reward-label"):
+        ScoringModel(str(scorer_dir), "positive")
+    assert ScoringModel(str(scorer_dir), "0").label == 0
 
 
 @proves("rlhf", "--reward-label", "--reward-score")

@@ -204,12 +204,9 @@ def text_perplexity(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         raise DataError(f"--validation-text {path}: fewer than {block} tokens; pass more text")
     device = next(model.parameters()).device
     blocks = torch.tensor(ids[: count * block], device=device).view(count, block)
-    losses = [
-        model(input_ids=chunk, labels=chunk).loss.float().item()
-        for chunk in blocks.split(GENERATION_BATCH)
-    ]
-    weights = [len(chunk) for chunk in blocks.split(GENERATION_BATCH)]
-    return float(np.exp(np.average(losses, weights=weights)))
+    chunks = blocks.split(GENERATION_BATCH)
+    losses = [model(input_ids=chunk, labels=chunk).loss.float().item() for chunk in chunks]
+    return float(np.exp(np.average(losses, weights=[len(chunk) for chunk in chunks])))
 
 
 def plot_reward_and_kl(log_history: list[dict[str, Any]], path: Path) -> None:

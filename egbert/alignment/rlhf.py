@@ -270,7 +270,6 @@ class ScoringModel:
         batch_size: int = 64,
     ) -> None:
         path = resolve_model_dir(model_dir)
-        read_model_config(path)
         self.model = load_pretrained(AutoModelForSequenceClassification, path).eval()
         self.model.to(PartialState().device)
         self.tokenizer = load_tokenizer(path)
@@ -329,7 +328,7 @@ def scored_label(config: Any, label: str | None, model_dir: str) -> int:
     """The output the reward reads: the only one, or --reward-label's (a name or an index)."""
     names = {str(name): int(index) for index, name in config.id2label.items()}
     if config.num_labels == 1:
-        if label is not None and names.get(label, int(label) if label.isdigit() else -1) != 0:
+        if label is not None and label not in ("0", *names):
             raise ConfigError(
                 f"--reward-label {label!r}: {model_dir} has one output, the reward; drop "
                 "--reward-label"
