@@ -13,10 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from peft import LoraConfig
+from peft import LoraConfig, get_peft_model
 
 from egbert.errors import ConfigError
 
+# The modules of egbert's sequence classifiers that fine-tuning creates: trained whole beside the
+# adapters and saved with them (the scalar mix only where --features scalar-mix builds one).
+CLASSIFIER_HEAD_MODULES = ("classifier", "scalar_mix")
+
+# Where a run saves its adapters alone, beside model/ (the model with them merged in).
+ADAPTER_DIR = "adapter"
 # The linear layers --lora adapts by default, by model type.
 TARGET_MODULES = {
     "egbert-bert": ("qkv", "out", "up", "down"),
@@ -61,10 +67,18 @@ class LoraArguments:
             raise ConfigError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
 
 
+def check_adaptable(model_type: str | None) -> None:
+    """A ConfigError for a model type LoRA cannot adapt (elmo)."""
+    if model_type in UNADAPTABLE:
+        raise ConfigError(
+            f"--lora: a {model_type} model cannot take LoRA: {UNADAPTABLE[model_type]}"
+        )
+
+
 def lora_config(
     args: LoraArguments,
     config: Any,
-    task_type: str,
+    task_type: str | None,
     modules_to_save: list[str] | None = None,
 ) -> LoraConfig | None:
     """PEFT's LoraConfig for a model of `config` (None without --lora); `modules_to_save`:
@@ -72,10 +86,7 @@ def lora_config(
     if not args.lora:
         return None
     model_type = getattr(config, "model_type", None)
-    if model_type in UNADAPTABLE:
-        raise ConfigError(
-            f"--lora: a {model_type} model cannot take LoRA: {UNADAPTABLE[model_type]}"
-        )
+    check_adaptable(model_type)
     targets = args.lora_target_modules or TARGET_MODULES.get(model_type)
     if not targets:
         raise ConfigError(
@@ -90,3 +101,18 @@ def lora_config(
         modules_to_save=modules_to_save,
         task_type=task_type,
     )
+
+
+def with_adapters(
+    model: Any, args: LoraArguments, base_dir: Any, modules_to_save: list[str] | None = None
+) -> Any:
+    """`model` with LoRA adapters (PEFT's PeftModel, its base frozen) under --lora, else `model`
+    itself. The adapter's config names `base_dir`, the folder its base loads from. PEFT's
+    task-specific wrappers pass arguments egbert's forwards do not take (inputs_embeds to a
+    bert): the plain PeftModel passes the batch through as it comes."""
+    config = lora_config(args, model.config, None, modules_to_save)
+    if config is None:
+        return model
+    adapted = get_peft_model(model, config)
+    adapted.peft_config["default"].base_model_name_or_path = str(base_dir)
+    return adapted

@@ -47,6 +47,7 @@ from egbert.finetune.run import (
     parse_finetune_args,
     tasks_to_run,
 )
+from egbert.lora import LoraArguments
 from egbert.models.bert import EgbertBertModel
 from egbert.training.optimization import batches_per_step
 from egbert.training.trainer import COMPILE_SETTINGS
@@ -59,9 +60,9 @@ CUSTOM_TEXT = "the river ran past the old castle where the king kept his horses 
 
 def build(*argv: str) -> TaskTrainer:
     """What `egbert finetune ARGV` trains: its (one) task's trainer, built, not run."""
-    args, training = parse_finetune_args(list(argv))
+    args, training, lora = parse_finetune_args(list(argv))
     (task,) = tasks_to_run(args)
-    return finetuning_trainer(task, args, training, Path(training.output_dir))
+    return finetuning_trainer(task, args, training, Path(training.output_dir), lora)
 
 
 def rte(model: Path, micro_data: Path, out: Path, *argv: str) -> list[str]:
@@ -119,7 +120,8 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
         "compile": True, "compile_mode": "max-autotune", "use_cpu": True,
         "ddp_find_unused_parameters": True, "resume_from_checkpoint": "o/checkpoints/step-3",
         "replay_clock": "done", "optim": "muon", "muon_lr": 0.02, "muon_weight_decay": 0.1,
-        "muon_momentum": 0.9, "wsd_decay": 0.3, "eval_every_minutes": 2.5,
+        "muon_momentum": 0.9, "wsd_decay": 0.3, "eval_every_minutes": 2.5, "lora": True,
+        "lora_rank": 4, "lora_alpha": 8.0, "lora_dropout": 0.1, "lora_target_modules": ["qkv"],
     }  # fmt: skip
     argv = []
     for name, value in values.items():
@@ -128,7 +130,7 @@ def test_the_python_api_takes_every_option_as_the_command_line_does():
             argv.append(option if value else f"--no-{option[2:]}")
         else:
             argv += [option, *map(str, value if isinstance(value, list) else [value])]
-    types = (FinetuneArguments, TrainingArguments)
+    types = (FinetuneArguments, TrainingArguments, LoraArguments)
     from_python = arguments_from_options(types, values, finetuning_recipe(values))
     assert from_python == parse_finetune_args(argv)
     names = {name for cls in types for name in cls.__dataclass_fields__}

@@ -74,6 +74,7 @@ from egbert.finetune.tasks import (
     resolve_tasks,
     split_file,
 )
+from egbert.lora import CLASSIFIER_HEAD_MODULES, LoraArguments, check_adaptable, with_adapters
 from egbert.model_files import (
     hub_id_note,
     load_pretrained,
@@ -130,13 +131,15 @@ def run_finetuning(**options: Any) -> FinetuneOutput:
     """`egbert finetune` from Python: the keyword arguments are the command's options
     (FinetuneArguments and TrainingArguments fields, e.g. task="rte", model="runs/bert",
     data_dir=..., output_dir=..., epochs=3), with fine-tuning's recipe under them."""
-    types = (FinetuneArguments, TrainingArguments)
+    types = (FinetuneArguments, TrainingArguments, LoraArguments)
     return finetune(*arguments_from_options(types, options, finetuning_recipe(options)))
 
 
-def parse_finetune_args(argv: list[str] | None) -> tuple[FinetuneArguments, TrainingArguments]:
+def parse_finetune_args(
+    argv: list[str] | None,
+) -> tuple[FinetuneArguments, TrainingArguments, LoraArguments]:
     """`egbert finetune`'s options: the command line over the --config file over the recipe."""
-    types = (FinetuneArguments, TrainingArguments)
+    types = (FinetuneArguments, TrainingArguments, LoraArguments)
     return parse_args(
         types,
         argv,
@@ -153,9 +156,14 @@ def finetuning_recipe(options: dict[str, Any]) -> dict[str, Any]:
     return load_recipe(model_family(options.get("model")), "finetune")
 
 
-def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOutput:
-    """Fine-tune on each task asked for; returns the results and their table."""
+def finetune(
+    args: FinetuneArguments, training: TrainingArguments, lora: LoraArguments | None = None
+) -> FinetuneOutput:
+    """Fine-tune on each task asked for (with `lora`: LoRA adapters, see egbert.lora); returns
+    the results and their table."""
+    lora = lora or LoraArguments()
     check_paths(args)
+    check_lora_options(args, lora)
     check_output_folder(training.output_dir, "--output-dir")  # before the data is tokenized
     check_trackers_installed(training.report_to)
     tasks = tasks_to_run(args)
@@ -163,7 +171,7 @@ def finetune(args: FinetuneArguments, training: TrainingArguments) -> FinetuneOu
     output = FinetuneOutput()
     for task in tasks:
         task_dir = output_dir / task.name if len(tasks) > 1 else output_dir
-        result = run_task(task, args, training, task_dir, output_dir / "predictions")
+        result = run_task(task, args, training, task_dir, output_dir / "predictions", lora)
         if result is None:
             output.interrupted = True
             return output
@@ -426,12 +434,22 @@ class TaskTrainer:
     max_length: int
     train_examples: int
 
+    @property
+    def trainable_parameters(self) -> int:
+        """The weights training changes (--lora: the adapters and the head)."""
+        return sum(p.numel() for p in self.trainer.model.parameters() if p.requires_grad)
+
 
 def finetuning_trainer(
-    task: Task, args: FinetuneArguments, training: TrainingArguments, output_dir: Path
+    task: Task,
+    args: FinetuneArguments,
+    training: TrainingArguments,
+    output_dir: Path,
+    lora: LoraArguments | None = None,
 ) -> TaskTrainer:
     """The task's trainer over the model, the data and the options named (what `run_task`
     trains; the tests read each option's effect off it)."""
+    lora = lora or LoraArguments()
     model_dir = resolve_model_dir(args.model)
     backbone = read_backbone_config(model_dir)
     tokenizer = load_task_tokenizer(model_dir, backbone)
@@ -447,6 +465,8 @@ def finetuning_trainer(
     set_seed(training.seed)  # the new head's initial weights
     fields = {"pad_token_id": tokenizer.pad_token_id, **label_statistics(train, task)}
     model = load_classifier(model_dir, backbone, task, args, fields)
+    heads = [name for name in CLASSIFIER_HEAD_MODULES if getattr(model, name, None) is not None]
+    model = with_adapters(model, lora, model_dir, modules_to_save=heads)
     metric_names: set[str] = set()
 
     def dev_metrics(prediction: EvalPrediction) -> dict[str, float]:
@@ -469,7 +489,7 @@ def finetuning_trainer(
         training,
         metrics=EvalMetrics(compute_metrics=dev_metrics, finalize_metrics=with_score),
         saved_with_model=SavedWithModel(
-            run_config={"options": asdict(args), "task": task.name},
+            run_config={"options": asdict(args), "lora": asdict(lora), "task": task.name},
             tokenizer=tokenizer,
             card=model_card_info(task, args),
         ),
@@ -486,11 +506,12 @@ def run_task(
     training: TrainingArguments,
     output_dir: Path,
     predictions_dir: Path,
+    lora: LoraArguments,
 ) -> dict | None:
     """Fine-tune on one task; returns (and writes) its eval_results.json, or None when a
     signal stopped the run (a checkpoint to --resume from is saved)."""
     start = time.perf_counter()
-    built = finetuning_trainer(task, args, training, output_dir)
+    built = finetuning_trainer(task, args, training, output_dir, lora)
     trainer, dev_names, metric_names = built.trainer, built.dev_names, built.metric_names
     trainer.accelerator.print(f"egbert finetune: {task.name} -> {output_dir}", flush=True)
     outcome = trainer.train()
@@ -515,6 +536,8 @@ def run_task(
         "epochs": training.epochs,
         "train_examples": built.train_examples,
         "train_seconds": round(outcome.elapsed_seconds, 1),
+        "steps": outcome.step,
+        "trainable_parameters": built.trainable_parameters,
         "seconds": round(time.perf_counter() - start, 1),
         "history": [
             {
@@ -525,7 +548,11 @@ def run_task(
             for record in history
         ],
         "predictions": predictions,
-        "options": {**head_options(args), **training_options(args, training)},
+        "options": {
+            **head_options(args),
+            **training_options(args, training),
+            **(asdict(lora) if lora.lora else {}),  # --lora's settings
+        },
         "dev_predictions": dev,
     }
     if trainer.accelerator.is_main_process:
@@ -592,6 +619,18 @@ def training_options(args: FinetuneArguments, training: TrainingArguments) -> di
         "max_seq_length": args.max_seq_length,
         "max_train_samples": args.max_train_samples,
     }
+
+
+def check_lora_options(args: FinetuneArguments, lora: LoraArguments) -> None:
+    """--lora's refusals before any data is read: with --freeze, of a model it cannot adapt."""
+    if not lora.lora:
+        return
+    if args.freeze:
+        raise ConfigError(
+            "--lora with --freeze: --freeze trains the head alone, --lora adapters in the "
+            "backbone beside it; choose one"
+        )
+    check_adaptable(read_model_config(resolve_model_dir(args.model)).get("model_type"))
 
 
 # ---------------------------------------------------------------- tasks and tables

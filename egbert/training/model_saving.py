@@ -1,10 +1,15 @@
 """The models a run saves beside its checkpoints: the best one by an evaluation metric
 (`OUTPUT_DIR/best`) and the final one (`OUTPUT_DIR/model`, what a Hub repository holds: weights,
 config, tokenizer, card), each written into a temporary folder and moved into place.
+
+A model with LoRA adapters (a PEFT PeftModel, egbert.lora) is saved as PEFT saves it, its
+adapters alone, in `best/` and `OUTPUT_DIR/adapter`; `OUTPUT_DIR/model` holds a copy with the
+adapters merged into its weights, which loads without PEFT.
 """
 
 from __future__ import annotations
 
+import copy
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,10 +18,13 @@ from typing import Any
 
 import torch
 from huggingface_hub import ModelCard
-from safetensors.torch import load_model
+from peft import PeftModel, set_peft_model_state_dict
+from peft.utils import SAFETENSORS_WEIGHTS_NAME as ADAPTER_WEIGHTS_NAME
+from safetensors.torch import load_file, load_model
 
 from egbert import report
 from egbert.errors import ConfigError
+from egbert.lora import ADAPTER_DIR
 from egbert.model_files import RUN_MODEL_DIR, SHARED_TENSORS_NOTE, quiet_warnings
 from egbert.training.checkpoints import TrainerState, own_storage, publish_dir, untangled_state_dict
 
@@ -126,10 +134,14 @@ class BestModel:
         return self.metric is not None and state.best_metrics is not None
 
     def load_into(self, model: torch.nn.Module, device: torch.device) -> None:
-        """The best model's weights into `model` (unwrapped), on `device`."""
+        """The best model's weights (or adapters) into `model` (unwrapped), on `device`."""
+        # safetensors takes "cpu", not the "cpu:0" of DDP
+        where = "cpu" if device.type == "cpu" else str(device)
+        if isinstance(model, PeftModel):
+            adapters = load_file(self.folder / ADAPTER_WEIGHTS_NAME, device=where)
+            set_peft_model_state_dict(model, adapters)
+            return
         with own_storage(model):
-            # safetensors takes "cpu", not the "cpu:0" of DDP
-            where = "cpu" if device.type == "cpu" else str(device)
             load_model(model, self.folder / "model.safetensors", device=where)
 
 
@@ -152,13 +164,18 @@ def save_final_model(
     write_tokenizer: Callable[[Path], None],
 ) -> Path:
     """`OUTPUT_DIR/model`: the weights, config and generation config, the tokenizer and the
-    model `card`; checkpoints and logs stay beside it."""
+    model `card`; checkpoints and logs stay beside it. A model with adapters: those in
+    `OUTPUT_DIR/adapter` (with the tokenizer), and `model/` with them merged in."""
 
     def write_tokenizer_and_card(folder: Path) -> None:
         write_tokenizer(folder)
         card.save(folder / "README.md")
 
     target = output_dir / RUN_MODEL_DIR
+    unwrapped = accelerator.unwrap_model(model)
+    if isinstance(unwrapped, PeftModel):
+        save_model_folder(accelerator, model, output_dir / ADAPTER_DIR, write_tokenizer)
+        model = copy.deepcopy(unwrapped).merge_and_unload()  # the trained model keeps its adapters
     save_model_folder(accelerator, model, target, write_tokenizer_and_card)
     return target
 
