@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test lint quickstart bench gpu-check mutation clean
+.PHONY: setup test lint quickstart rlhf-demo bench gpu-check mutation clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ mutation: setup
 
 quickstart: setup
 	$(BIN)/egbert quickstart
+
+# RLHF on the CPU from the shared data (docs/experiments/rlhf-sst2.md): about an hour.
+rlhf-demo: setup
+	EGBERT=$(BIN)/egbert scripts/rlhf_demo.sh
 
 bench: setup
 	$(BIN)/python scripts/bench.py --model all

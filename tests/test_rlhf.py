@@ -19,7 +19,7 @@ from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, pipeline
 
-from egbert.alignment.policy_report import PolicyReport, compare_policies
+from egbert.alignment.policy_report import PolicyReport, compare_policies, moving_mean
 from egbert.alignment.prompts import load_prompts, prompts_from_task, word_range
 from egbert.alignment.rlhf import (
     RLHFArguments,
@@ -127,7 +127,7 @@ def test_rl_steps_raise_a_toy_scorers_reward_and_the_kl_starts_at_0(
         starting, load_policy(str(policy_dir))[0], tokenizer, even_share, report
     )
     assert same["kl_per_token"] == 0.0 and same["reward"]["change"] == 0.0
-    assert run.trainer.args.num_generations == 4 and run.trainer.beta == 0.05
+    assert run.trainer.args.num_generations == 4 and run.trainer.beta == 0.1
     lengths = [
         e["completions/max_length"]
         for e in run.trainer.state.log_history
@@ -143,18 +143,26 @@ def test_the_command_writes_a_policy_that_loads_as_the_start_did(
     capsys: pytest.CaptureFixture,
 ) -> None:  # fmt: skip
     """model/ loads with AutoModelForCausalLM, pipeline("text-generation") and egbert generate;
-    rlhf_results.json holds what the command printed; reward_kl.png is there; the weights moved."""
+    rlhf_results.json holds what the command printed; reward_kl.png is there; the weights moved;
+    the progress bar shows the reward and the KL; the model card says how the reward moved."""
     out = tmp_path / "rlhf"
     main(["--model", str(policy_dir), "--reward-model", str(scorer_dir), "--prompts",
           str(prompt_file), "--output-dir", str(out), "--max-steps", "3",
           "--validation-text", str(wikitext_slice), *FAST])  # fmt: skip
-    printed = capsys.readouterr().out
+    printed, progress = capsys.readouterr()
+    # the progress bar shows the reward and the KL; TRL's logs of twenty numbers are not printed
+    assert "reward=" in progress and "kl=" in progress
+    assert "completions/mean_length" not in printed + progress
     results = json.loads((out / "rlhf_results.json").read_text())
     assert results["steps"] == 3 and results["held_out_prompts"] == 8
     assert results["train_prompts"] == 72 - 8 and (out / "reward_kl.png").stat().st_size > 0
     assert f"{results['reward']['before']:.3f} -> {results['reward']['after']:.3f}" in printed
     perplexity = results["validation_perplexity"]
     assert 100 < perplexity["before"] < 5000 and perplexity["after"] != perplexity["before"]
+    card = (out / "model" / "README.md").read_text()
+    assert "pipeline_tag: text-generation" in card
+    assert f"from {results['reward']['before']:.3f} to {results['reward']['after']:.3f}" in card
+    assert f"| validation_perplexity | {perplexity['after']:.4f} |" in card
     tuned = AutoModelForCausalLM.from_pretrained(out / "model")
     assert isinstance(tuned, EgbertGPTForCausalLM)
     start = load_file(policy_dir / "model.safetensors")
@@ -337,12 +345,12 @@ def test_grpo_and_trls_own_defaults_train_egberts_gpt(
         "--max-grad-norm", "--save-every")  # fmt: skip
 def test_the_training_options_reach_trls_configuration(tmp_path: Path) -> None:
     options = {"grad_accum": 2, "temperature": 0.7, "top_k": 40, "epochs": 3.0,
-               "warmup_steps": 0.2, "max_grad_norm": 0.5, "kl_coef": 0.1, "seed": 3}  # fmt: skip
+               "warmup_steps": 0.2, "max_grad_norm": 0.5, "kl_coef": 0.2, "seed": 3}  # fmt: skip
     args = RLHFArguments("m", "s", str(tmp_path), prompts="p", bf16=False, **options)
     config = rlhf_config(args, tmp_path / "checkpoints")
     assert (config.gradient_accumulation_steps, config.temperature, config.top_k) == (2, 0.7, 40)
     assert (config.num_train_epochs, config.warmup_steps, config.max_grad_norm) == (3.0, 0.2, 0.5)
-    assert (config.beta, config.seed, config.bf16) == (0.1, 3, False)
+    assert (config.beta, config.seed, config.bf16) == (0.2, 3, False)
     assert config.save_strategy == "epoch" and config.generation_batch_size == 32
     every = rlhf_config(RLHFArguments("m", "s", "o", prompts="p", save_every=5), tmp_path)
     assert (every.save_strategy, every.save_steps) == ("steps", 5)
@@ -481,3 +489,10 @@ def test_lora_refuses_elmo_and_a_model_it_has_no_layers_for() -> None:
     assert lora_config(LoraArguments(), Config(), "CAUSAL_LM") is None
     with pytest.raises(ConfigError, match="--lora-rank must be >= 1"):
         LoraArguments(lora=True, lora_rank=0)
+
+
+def test_the_plots_moving_mean_averages_a_twentieth_of_the_steps() -> None:
+    """40 steps: a window of 2, so each point is the mean of its step and the one before (the
+    first its own); 10 steps: a window of 1, the values themselves."""
+    assert moving_mean(list(range(40))).tolist() == [0.0] + [i - 0.5 for i in range(1, 40)]
+    assert moving_mean([3.0, 1.0, 2.0]).tolist() == [3.0, 1.0, 2.0]

@@ -10,7 +10,7 @@ completed by both with the same sampling seeds (so that the two rewards of a pro
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,8 +209,18 @@ def text_perplexity(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     return float(np.exp(np.average(losses, weights=[len(chunk) for chunk in chunks])))
 
 
+def moving_mean(values: Sequence[float]) -> np.ndarray:
+    """The mean of each value and the ones before it, over a window of a twentieth of them."""
+    window = max(1, len(values) // 20)
+    sums = np.cumsum(np.concatenate([[0.0], values]))
+    counts = np.minimum(np.arange(1, len(values) + 1), window)
+    ends = np.arange(1, len(values) + 1)
+    return (sums[ends] - sums[ends - counts]) / counts
+
+
 def plot_reward_and_kl(log_history: list[dict[str, Any]], path: Path) -> None:
-    """The mean reward and the KL to the start (TRL's logged values) against the step, as a PNG."""
+    """The mean reward and the KL to the start (TRL's logged values) against the step, each
+    with its moving mean (one step's batch is noisy), as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers
@@ -222,7 +232,10 @@ def plot_reward_and_kl(log_history: list[dict[str, Any]], path: Path) -> None:
     ):
         points = [(entry["step"], entry[key]) for entry in log_history if key in entry]
         if points:
-            pane.plot(*zip(*points, strict=True))
+            steps, values = zip(*points, strict=True)
+            pane.plot(steps, values, alpha=0.35, label="each step")
+            pane.plot(steps, moving_mean(values), label="mean of the last steps")
+            pane.legend()
         pane.set_xlabel("step")
         pane.set_ylabel(label)
         pane.grid(alpha=0.3)

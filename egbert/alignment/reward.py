@@ -36,7 +36,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, set_seed
 from trl import RewardConfig, RewardTrainer
 
 from egbert.alignment.pairs import PROMPT_COLUMN, load_pairs, pairs_from_task
-from egbert.alignment.runs import CHECKPOINTS, StopTraining, last_checkpoint, train_until_stopped
+from egbert.alignment.runs import (
+    CHECKPOINTS,
+    StopTraining,
+    last_checkpoint,
+    show_metrics_in_progress_bar,
+    train_until_stopped,
+)
 from egbert.arguments import arguments_from_options
 from egbert.errors import ConfigError
 from egbert.finetune.options import FinetuneArguments
@@ -225,6 +231,7 @@ def reward_trainer(args: RewardArguments) -> RewardRun:
         processing_class=tokenizer,
         callbacks=[stop],
     )
+    show_metrics_in_progress_bar(trainer, ("loss", "accuracy", "margin"))
     return RewardRun(trainer, tokenizer, held_out, max_length, checkpoint, stop)
 
 

@@ -1,13 +1,13 @@
 """What egbert's TRL jobs (reward, rlhf) share of a run: the checkpoint --resume goes on from,
-the callback that ends training, with a checkpoint, at the budget's end or on a signal, and the
-training itself under that callback."""
+the callback that ends training, with a checkpoint, at the budget's end or on a signal, the
+training itself under that callback, and a progress bar that shows the logged numbers."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from transformers import Trainer, TrainerCallback
+from transformers import ProgressCallback, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from egbert.errors import CheckpointError, ConfigError, Interrupted
@@ -51,6 +51,26 @@ class StopTraining(TrainerCallback):
             control.should_training_stop = True
             control.should_save = True  # the step reached, for --resume
         return control
+
+
+class ProgressWithMetrics(ProgressCallback):
+    """transformers' progress bar with the latest of the logged `metrics` after it, in place of
+    every log printed under it (TRL logs some twenty numbers at each step)."""
+
+    def __init__(self, metrics: tuple[str, ...]) -> None:
+        super().__init__()
+        self.metrics = metrics
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.training_bar is not None and logs:
+            shown = {name: logs[name] for name in self.metrics if name in logs}
+            self.training_bar.set_postfix(shown, refresh=False)
+
+
+def show_metrics_in_progress_bar(trainer: Trainer, metrics: tuple[str, ...]) -> None:
+    """The trainer's progress bar (if it shows one) as ProgressWithMetrics."""
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(ProgressWithMetrics(metrics))
 
 
 def train_until_stopped(
