@@ -10,10 +10,13 @@ linear, embedding and convolution layers, not nn.LSTM.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model
 
 from egbert.errors import ConfigError
 
@@ -116,3 +119,20 @@ def with_adapters(
     adapted = get_peft_model(model, config)
     adapted.peft_config["default"].base_model_name_or_path = str(base_dir)
     return adapted
+
+
+def trainable_parameters(model: Any) -> int:
+    """The number of weights training changes (with adapters: theirs and the head's)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def save_adapters_and_merge(
+    model: Any, output_dir: Path, save_folder: Callable[[Path], None]
+) -> Any | None:
+    """For a run's model/: a model with adapters (a PeftModel) has them saved alone in
+    OUTPUT_DIR/adapter by `save_folder` and comes back merged into a copy of its base, which
+    loads without PEFT (the trained model keeps its adapters); None for a model without."""
+    if not isinstance(model, PeftModel):
+        return None
+    save_folder(Path(output_dir) / ADAPTER_DIR)
+    return copy.deepcopy(model).merge_and_unload()

@@ -38,7 +38,6 @@ import torch
 from accelerate import PartialState
 from datasets import Dataset
 from huggingface_hub import ModelCard
-from peft import PeftModel
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -59,7 +58,7 @@ from egbert.alignment.runs import (
 from egbert.arguments import arguments_from_options
 from egbert.errors import ConfigError
 from egbert.families import CAUSAL_MODEL_TYPES
-from egbert.lora import ADAPTER_DIR, LoraArguments, lora_config
+from egbert.lora import LoraArguments, lora_config, save_adapters_and_merge, trainable_parameters
 from egbert.model_files import load_pretrained, read_model_config, resolve_model_dir
 from egbert.outputs import check_output_folder
 from egbert.report import ModelCardInfo, model_card
@@ -504,12 +503,13 @@ def train_policy(
     trainer, output_dir = run.trainer, Path(args.output_dir)
     train_seconds = train_until_stopped(trainer, run.checkpoint, run.stop, output_dir)
     final = output_dir / "model"
-    policy = trainer.model
-    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
-    if isinstance(policy, PeftModel):  # the adapter (its base's path in it), then merged in
-        policy.save_pretrained(output_dir / ADAPTER_DIR)
-        run.tokenizer.save_pretrained(output_dir / ADAPTER_DIR)
-        policy = policy.merge_and_unload()
+    trainable = trainable_parameters(trainer.model)
+
+    def save_adapters(folder: Path) -> None:  # with its base's path in adapter_config.json
+        trainer.model.save_pretrained(folder)
+        run.tokenizer.save_pretrained(folder)
+
+    policy = save_adapters_and_merge(trainer.model, output_dir, save_adapters) or trainer.model
     policy.save_pretrained(final)
     run.tokenizer.save_pretrained(final)
     starting, _ = load_policy(args.model)

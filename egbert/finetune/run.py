@@ -74,7 +74,13 @@ from egbert.finetune.tasks import (
     resolve_tasks,
     split_file,
 )
-from egbert.lora import CLASSIFIER_HEAD_MODULES, LoraArguments, check_adaptable, with_adapters
+from egbert.lora import (
+    CLASSIFIER_HEAD_MODULES,
+    LoraArguments,
+    check_adaptable,
+    trainable_parameters,
+    with_adapters,
+)
 from egbert.model_files import (
     hub_id_note,
     load_pretrained,
@@ -437,7 +443,7 @@ class TaskTrainer:
     @property
     def trainable_parameters(self) -> int:
         """The weights training changes (--lora: the adapters and the head)."""
-        return sum(p.numel() for p in self.trainer.model.parameters() if p.requires_grad)
+        return trainable_parameters(self.trainer.model)
 
 
 def finetuning_trainer(

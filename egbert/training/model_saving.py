@@ -9,7 +9,6 @@ adapters merged into its weights, which loads without PEFT.
 
 from __future__ import annotations
 
-import copy
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from safetensors.torch import load_file, load_model
 
 from egbert import report
 from egbert.errors import ConfigError
-from egbert.lora import ADAPTER_DIR
+from egbert.lora import save_adapters_and_merge
 from egbert.model_files import RUN_MODEL_DIR, SHARED_TENSORS_NOTE, quiet_warnings
 from egbert.training.checkpoints import TrainerState, own_storage, publish_dir, untangled_state_dict
 
@@ -172,11 +171,12 @@ def save_final_model(
         card.save(folder / "README.md")
 
     target = output_dir / RUN_MODEL_DIR
-    unwrapped = accelerator.unwrap_model(model)
-    if isinstance(unwrapped, PeftModel):
-        save_model_folder(accelerator, model, output_dir / ADAPTER_DIR, write_tokenizer)
-        model = copy.deepcopy(unwrapped).merge_and_unload()  # the trained model keeps its adapters
-    save_model_folder(accelerator, model, target, write_tokenizer_and_card)
+    merged = save_adapters_and_merge(
+        accelerator.unwrap_model(model),
+        output_dir,
+        lambda folder: save_model_folder(accelerator, model, folder, write_tokenizer),
+    )
+    save_model_folder(accelerator, merged or model, target, write_tokenizer_and_card)
     return target
 
 
