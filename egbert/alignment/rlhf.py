@@ -509,7 +509,8 @@ def train_policy(
         trainer.model.save_pretrained(folder)
         run.tokenizer.save_pretrained(folder)
 
-    policy = save_adapters_and_merge(trainer.model, output_dir, save_adapters) or trainer.model
+    merged = save_adapters_and_merge(trainer.model, output_dir, save_adapters)
+    policy = trainer.model if merged is None else merged
     policy.save_pretrained(final)
     run.tokenizer.save_pretrained(final)
     starting, _ = load_policy(args.model)

@@ -176,7 +176,9 @@ def save_final_model(
         output_dir,
         lambda folder: save_model_folder(accelerator, model, folder, write_tokenizer),
     )
-    save_model_folder(accelerator, merged or model, target, write_tokenizer_and_card)
+    save_model_folder(
+        accelerator, model if merged is None else merged, target, write_tokenizer_and_card
+    )
     return target
 
 
