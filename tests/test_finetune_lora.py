@@ -55,7 +55,7 @@ def test_lora_trains_adapters_and_the_head_and_saves_both_ways(
     (embeddings, up, out) are the base's, untouched."""
     out = tmp_path / "lora"
     main(rte(tiny_egbert_bert_dir, micro_data, out, "--epochs", "2", "--lr", "1e-2", "--lora",
-             "--lora-rank", "4", "--lora-alpha", "8", "--lora-dropout", "0.1",
+             "--lora-rank", "4", "--lora-alpha", "12", "--lora-dropout", "0.1",
              "--lora-target-modules", "qkv", "down"))  # fmt: skip
     config = AutoConfig.from_pretrained(tiny_egbert_bert_dir)
     h, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
@@ -65,7 +65,8 @@ def test_lora_trains_adapters_and_the_head_and_saves_both_ways(
     assert results["options"]["lora_rank"] == 4 and results["steps"] > 0
     adapter_config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert adapter_config["base_model_name_or_path"] == str(tiny_egbert_bert_dir)
-    assert (adapter_config["r"], adapter_config["lora_alpha"]) == (4, 8)
+    # alpha 12: neither egbert's default (16) nor PEFT's (8), so the option reached the adapter
+    assert (adapter_config["r"], adapter_config["lora_alpha"]) == (4, 12)
     assert adapter_config["lora_dropout"] == 0.1
     assert sorted(adapter_config["target_modules"]) == ["down", "qkv"]
 

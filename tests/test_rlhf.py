@@ -468,14 +468,16 @@ def test_lora_trains_adapters_against_the_base_with_them_disabled(
     out = tmp_path / "lora"
     main(["--model", str(policy_dir), "--reward-model", str(scorer_dir), "--prompts",
           str(prompt_file), "--output-dir", str(out), "--max-steps", "3", *FAST, "--lora",
-          "--lora-rank", "4", "--lora-alpha", "8", "--lora-dropout", "0.1",
+          "--lora-rank", "4", "--lora-alpha", "12", "--lora-dropout", "0.1",
           "--lora-target-modules", "qkv", "up"])  # fmt: skip
     results = json.loads((out / "rlhf_results.json").read_text())
     # per layer: qkv 4 x (32 + 96), up 4 x (32 + 64); two layers
     assert results["trainable_parameters"] == 2 * (4 * (32 + 96) + 4 * (32 + 64))
     adapter_config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert adapter_config["base_model_name_or_path"] == str(policy_dir)
-    assert (adapter_config["r"], adapter_config["lora_alpha"]) == (4, 8)
+    # alpha 12: neither egbert's default (16) nor PEFT's (8), so the option reached the adapter
+    assert (adapter_config["r"], adapter_config["lora_alpha"]) == (4, 12)
+    assert adapter_config["task_type"] == "CAUSAL_LM"
     assert adapter_config["lora_dropout"] == 0.1
     assert sorted(adapter_config["target_modules"]) == ["qkv", "up"]
     base = AutoModelForCausalLM.from_pretrained(policy_dir)
@@ -510,8 +512,11 @@ def test_lora_refuses_elmo_and_a_model_it_has_no_layers_for() -> None:
     )
     assert named.target_modules == {"q_proj"}
     assert lora_config(LoraArguments(), Config(), "CAUSAL_LM") is None
-    with pytest.raises(ConfigError, match="--lora-rank must be >= 1"):
+    with pytest.raises(ConfigError, match=r"^--lora-rank must be >= 1, got 0$"):
         LoraArguments(lora=True, lora_rank=0)
+    with pytest.raises(ConfigError, match=r"^--lora-dropout must be in \[0, 1\), got 1.0$"):
+        LoraArguments(lora=True, lora_dropout=1.0)
+    LoraArguments(lora=True, lora_rank=1, lora_dropout=0.0)  # the bounds themselves are allowed
 
 
 def test_the_plots_moving_mean_averages_a_twentieth_of_the_steps() -> None:
